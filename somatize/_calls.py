@@ -11,7 +11,10 @@ left to a default that every instance shares, is noted as it was, copied
 (:func:`noted_call`, :func:`copy_call`), so that a change in place afterwards is told
 apart from it. A class that defines its own constructor below the
 class whose ``declare()`` it inherits may take arguments that ``declare()`` does not say
-(:func:`_unsaid`). What is worked out of a class is worked out once and remembered.
+(:func:`_unsaid`). What is worked out of a class is worked out once and remembered, for
+as long as the class lives: a notebook's cell run again makes its classes anew, and those
+it made before are freed with the graphs built of them, so nothing remembered of a class
+holds it (a class of its own MRO is remembered by its place there).
 :class:`~somatize.node.Node` reads its call through these, and :mod:`somatize._look_again`
 what changed in it since.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
@@ -27,15 +31,23 @@ from somatize import canonical
 if TYPE_CHECKING:
     from somatize.node import Node
 
-_SIGNATURES: dict[type, inspect.Signature | None] = {}
+_SIGNATURES: weakref.WeakKeyDictionary[type, inspect.Signature | None] = weakref.WeakKeyDictionary()
 
-_UNSAID: dict[type, tuple[type, list[str], bool] | None] = {}
+# The class it holds is one strictly above the class it is remembered for, never the class.
+_UNSAID: weakref.WeakKeyDictionary[type, tuple[type, list[str], bool] | None] = (
+    weakref.WeakKeyDictionary()
+)
 
-_CHANGEABLE_DEFAULTS: dict[type, bool] = {}
+_CHANGEABLE_DEFAULTS: weakref.WeakKeyDictionary[type, bool] = weakref.WeakKeyDictionary()
 
-_OWN_NEW: dict[type, type | None] = {}
+# By its place in the class's MRO: the class itself may be the one, and held here it would
+# never be freed.
+_OWN_NEW: weakref.WeakKeyDictionary[type, int | None] = weakref.WeakKeyDictionary()
 
-_FACTORIES: dict[type, frozenset[str]] = {}
+_FACTORIES: weakref.WeakKeyDictionary[type, frozenset[str]] = weakref.WeakKeyDictionary()
+
+_UNKNOWN: Any = object()
+"""What the maps above answer for a class not worked out yet."""
 
 _FACTORY_MADE: Any = getattr(dataclasses, "_HAS_DEFAULT_FACTORY", object())
 """The default a dataclass's generated ``__init__`` gives a field made by a
@@ -48,13 +60,14 @@ def own_new(kind: type) -> type | None:
     made with is what ``Node.__new__`` is handed, and such a ``__new__`` hands it what it
     will: nothing (``super().__new__(cls)``), or other arguments. Nothing tells whether it
     passes on the call as it was made, so for such a class the call is not known."""
-    if kind not in _OWN_NEW:
+    mro = kind.__mro__
+    at = _OWN_NEW.get(kind, _UNKNOWN)
+    if at is _UNKNOWN:
         from somatize.node import Node  # not at import time: somatize.node imports this module
 
-        mro = kind.__mro__
         below = mro[: mro.index(Node)] if Node in mro else ()
-        _OWN_NEW[kind] = next((c for c in below if "__new__" in vars(c)), None)
-    return _OWN_NEW[kind]
+        at = _OWN_NEW[kind] = next((i for i, c in enumerate(below) if "__new__" in vars(c)), None)
+    return None if at is None else mro[at]
 
 
 def _unsaid(kind: type) -> tuple[type, list[str], bool] | None:
@@ -64,11 +77,12 @@ def _unsaid(kind: type) -> tuple[type, list[str], bool] | None:
     ``*args`` or ``**kwargs`` — which it may pass through or keep, so each call's
     arguments are checked against that class's parameters (:func:`_unsaid_in`). None when
     it inherits ``__init__`` with ``declare()`` (worked out once per class)."""
-    if kind in _UNSAID:
-        return _UNSAID[kind]
+    known = _UNSAID.get(kind, _UNKNOWN)
+    if known is not _UNKNOWN:
+        return known  # type: ignore[no-any-return]
     from somatize.node import Node  # not at import time: somatize.node imports this module
 
-    found = None
+    found: tuple[type, list[str], bool] | None = None
     mro = kind.__mro__
     owner = next(c for c in mro if "declare" in vars(c))
     made_by = next((c for c in mro if "__init__" in vars(c)), object)
@@ -116,21 +130,23 @@ def _parameters(kind: type) -> list[tuple[str, Any]]:
 
 def _signature(kind: type) -> inspect.Signature | None:
     """The signature of ``kind.__init__``, worked out once per class."""
-    if kind not in _SIGNATURES:
+    found = _SIGNATURES.get(kind, _UNKNOWN)
+    if found is _UNKNOWN:
         init = kind.__init__  # type: ignore[misc]
         try:
             found = None if init is object.__init__ else inspect.signature(init)
         except (TypeError, ValueError):
             found = None
         _SIGNATURES[kind] = found
-    return _SIGNATURES[kind]
+    return found  # type: ignore[no-any-return]
 
 
 def _factories(kind: type) -> frozenset[str]:
     """For a dataclass: the parameters its constructor leaves to a field's
     ``default_factory`` (their default is dataclasses' placeholder); empty for any other
     class (worked out once per class)."""
-    if kind not in _FACTORIES:
+    known = _FACTORIES.get(kind)
+    if known is None:
         found: set[str] = set()
         signature = _signature(kind)
         if signature is not None and dataclasses.is_dataclass(kind):
@@ -144,8 +160,8 @@ def _factories(kind: type) -> frozenset[str]:
                 for name, parameter in signature.parameters.items()
                 if parameter.default is _FACTORY_MADE and name in made
             }
-        _FACTORIES[kind] = frozenset(found)
-    return _FACTORIES[kind]
+        known = _FACTORIES[kind] = frozenset(found)
+    return known
 
 
 def _with_defaults(kind: type, bound: inspect.BoundArguments) -> None:
@@ -197,13 +213,14 @@ def arguments_of(bound: inspect.BoundArguments) -> dict[str, Any]:
 def _has_changeable_defaults(kind: type) -> bool:
     """Whether a parameter of ``kind``'s constructor defaults to something that can change
     in place (a list, a dict), worked out once per class."""
-    if kind not in _CHANGEABLE_DEFAULTS:
+    found = _CHANGEABLE_DEFAULTS.get(kind)
+    if found is None:
         signature = _signature(kind)
         defaults = [] if signature is None else [p.default for p in signature.parameters.values()]
-        _CHANGEABLE_DEFAULTS[kind] = not canonical.is_immutable(
+        found = _CHANGEABLE_DEFAULTS[kind] = not canonical.is_immutable(
             tuple(d for d in defaults if d is not inspect.Parameter.empty)
         )
-    return _CHANGEABLE_DEFAULTS[kind]
+    return found
 
 
 def noted_call(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -35,7 +36,10 @@ __all__ = [
 ]
 
 
-_SLOTS: dict[type, tuple[tuple[str, Any], ...]] = {}
+_SLOTS: weakref.WeakKeyDictionary[type, tuple[tuple[str, int], ...]] = weakref.WeakKeyDictionary()
+"""A class → each of its slots' names, with the place in its MRO of the class that declares
+it: its descriptor holds that class, which may be the class itself, and held here it would
+never be freed (a notebook's cell run again makes its classes anew)."""
 
 
 def slots_of(kind: type) -> tuple[tuple[str, Any], ...]:
@@ -43,10 +47,11 @@ def slots_of(kind: type) -> tuple[tuple[str, Any], ...]:
     each name a class along its MRO declares in ``__slots__`` (but ``__dict__`` and
     ``__weakref__``), nearest first, with the descriptor that reads it. Worked out once per
     class; empty for most."""
+    mro = kind.__mro__
     found = _SLOTS.get(kind)
     if found is None:
-        seen: dict[str, Any] = {}
-        for owner in kind.__mro__:
+        seen: dict[str, int] = {}
+        for at, owner in enumerate(mro):
             declared = vars(owner).get("__slots__", ())
             for name in (declared,) if isinstance(declared, str) else declared:
                 if name in ("__dict__", "__weakref__"):
@@ -55,9 +60,11 @@ def slots_of(kind: type) -> tuple[tuple[str, Any], ...]:
                     name = f"_{owner.__name__.lstrip('_')}{name}"
                 slot = vars(owner).get(name)
                 if name not in seen and hasattr(slot, "__get__"):
-                    seen[name] = slot
+                    seen[name] = at
         found = _SLOTS[kind] = tuple(seen.items())
-    return found
+    if not found:
+        return ()
+    return tuple((name, vars(mro[at]).get(name)) for name, at in found)
 
 
 def in_slot(slot: Any, node: Any) -> Any:

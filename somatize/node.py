@@ -983,7 +983,9 @@ _ATOMIC = (int, float, complex, str, bytes, bool, type(None))
 """Values that cannot change in place, which a pickle carries as a new object each time."""
 
 
-_PARAMETER_NAMES: dict[type, tuple[frozenset[str], bool]] = {}
+_PARAMETER_NAMES: weakref.WeakKeyDictionary[type, tuple[frozenset[str], bool]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _by_name(bound: inspect.BoundArguments) -> list[tuple[str, Any]]:
@@ -1031,8 +1033,18 @@ def _note_call(
         marks.made_with = noted_call(kind, args, kwargs)
 
 
-_MAKERS: dict[type, type | None] = {}
+_MAKERS: weakref.WeakKeyDictionary[type, int | None] = weakref.WeakKeyDictionary()
+"""A class of nodes → the place in its MRO of the class whose constructor
+:func:`_watch_making` wraps for it (None: none is), not that class, which may be the class
+itself: held here, it would never be freed (a notebook's cell run again makes its classes
+anew)."""
 _MAKERS_LOCK = threading.Lock()
+
+
+def _maker_of(kind: type) -> type | None:
+    """The class whose constructor :func:`_watch_making` wrapped for ``kind``, if it did."""
+    at = _MAKERS.get(kind)
+    return None if at is None else kind.__mro__[at]
 
 
 def _watch_making(kind: type[Node]) -> None:
@@ -1047,11 +1059,13 @@ def _watch_making(kind: type[Node]) -> None:
     such a class is looked at as a build from its call makes it (:meth:`Node._as_constructed`)."""
     if kind.declare is not Node.declare:
         return
-    owner = _MAKERS.get(kind, Node)
-    if owner is Node:
+    if kind in _MAKERS:
+        owner = _maker_of(kind)
+    else:
         makers = [c for c in kind.__mro__ if "__init__" in vars(c) and c is not object]
         pure = all(issubclass(c, Node) for c in makers)
-        owner = _MAKERS[kind] = makers[0] if pure and makers and makers[0] is not Node else None
+        owner = makers[0] if pure and makers and makers[0] is not Node else None
+        _MAKERS[kind] = None if owner is None else kind.__mro__.index(owner)
     if owner is None:
         return
     init = vars(owner).get("__init__")
@@ -1107,7 +1121,7 @@ def _making(init: Callable[..., None], owner: type) -> Callable[..., None]:
         if (
             not isinstance(marks, Marks)
             or marks.made is not None  # made already: called again, it changes the node
-            or _MAKERS.get(type(self)) is not owner
+            or _maker_of(type(self)) is not owner
         ):
             init(self, *args, **kwargs)
             return

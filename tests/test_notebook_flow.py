@@ -7,9 +7,11 @@ forward runs everything, the second recalls the cached node and spares the rest.
 from __future__ import annotations
 
 import copy
+import gc
 import sys
 import types
 import warnings
+import weakref
 from typing import Any
 
 import pytest
@@ -216,3 +218,55 @@ def test_a_forward_raising_typeerror_inside_is_not_said_to_be_called_wrongly() -
     with pytest.raises(NodeFailed, match="unsupported operand") as failed:
         Graph.somatize(Inside().named("n")).forward(1)
     assert "def forward" not in str(failed.value)
+
+
+_KINDS = """
+class Lengths(Node):
+    def __init__(self, scale):
+        self.scale = scale
+
+    def forward(self, messages, ctx):
+        return [len(one) * self.scale for one in messages]
+
+
+class Kept(Node):
+    __slots__ = ("floor",)
+
+    def __new__(cls, *args, **kwargs):
+        return super().__new__(cls, *args, **kwargs)
+
+    def __init__(self, floor=0):
+        self.floor = floor
+
+    def declare(self):
+        return {"floor": self.floor}
+
+    def forward(self, lengths, ctx):
+        return max([self.floor, *lengths])
+"""
+
+
+def test_classes_of_a_cell_run_again_are_freed_with_their_graphs(store: Store) -> None:
+    """Classes of nodes a notebook's cell defined, run again (the namespace holding the new
+    ones) and built into graphs that ran and were dropped, are freed: what somatize works
+    out once per class holds none of them alive, so a cell run a hundred times holds one
+    set of classes, not a hundred."""
+    made: list[weakref.ref[type]] = []
+    for scale in range(3):
+        cell = types.ModuleType("tests.notebook_cell")
+        cell.Node = Node  # type: ignore[attr-defined]
+        exec(compile(_KINDS, "<cell>", "exec"), cell.__dict__)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setitem(sys.modules, cell.__name__, cell)
+            g = Graph.somatize(
+                Messages(2000).named("sms").frozen()
+                >> cell.Lengths(scale).named("lengths").frozen()
+                >> cell.Kept(1).named("kept").frozen().cached()
+            )
+            g.memory.freeze("sms", store.put(b"the dataset's bytes"))
+            span = {"at": 0, "take": 16}
+            assert g.forward(span, store=store) == g.forward(span, store=store) > 0
+        made += [weakref.ref(cell.Lengths), weakref.ref(cell.Kept)]
+        del g, cell
+    gc.collect()
+    assert [kind.__name__ for kind in (ref() for ref in made) if kind is not None] == []

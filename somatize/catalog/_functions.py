@@ -42,6 +42,33 @@ them (:func:`_function_bytes`), worked out again when it is given other code (``
 = ...``, as a reloader does) or other defaults (``f.__defaults__ = ...``)."""
 
 
+class _Closed:
+    """An object a function closes over or takes by default, in what :func:`_made_of` says of
+    the function: equal to another only when it holds the same object, as :class:`_Same`
+    is, but held weakly where it can be. The function holds it as long as it holds it, and
+    held here it would hold the function's entry in :data:`_FUNCTIONS`, and so the function,
+    alive for good: a method calling ``super()`` closes over its class, which holds the
+    method, and a notebook's cell run again makes both anew."""
+
+    __slots__ = ("held", "weakly")
+
+    def __init__(self, held: Any) -> None:
+        try:
+            self.held, self.weakly = weakref.ref(held), True
+        except TypeError:  # None, a number, a tuple: no weak reference to them
+            self.held, self.weakly = held, False
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, _Closed) or other.weakly is not self.weakly:
+            return False
+        if not self.weakly:
+            return other.held is self.held
+        held = self.held()
+        return held is not None and held is other.held()
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def _bound_in(member: Any) -> list[bytes]:
     """The arguments a partial held by a class (as :func:`_functions_in` finds it) binds, the
     partial's own first: a plain value by what it is, an object as one a method closes over
@@ -191,13 +218,13 @@ def _made_of(function: FunctionType, within: frozenset[int] = frozenset()) -> tu
         _made_of(f, within) if id(f) not in within else None for f in _held_functions(function)
     )
     held = tuple(
-        _held_bytes(value) or _contained_bytes(value) or (_Same(value), _version_of(value))
+        _held_bytes(value) or _contained_bytes(value) or (_Closed(value), _version_of(value))
         for value in _closed_objects(function)
     )
     return (
         _Same(function.__code__),
         _Same(function.__defaults__),
-        tuple((name, _Same(value)) for name, value in keywords.items()),
+        tuple((name, _Closed(value)) for name, value in keywords.items()),
         held,
         _cells_now(function),
         tuple(map(_table_now, _default_tables(function.__name__, function))),
@@ -228,15 +255,15 @@ def _held_functions(function: FunctionType) -> list[FunctionType]:
     return found + [value for value in defaults if isinstance(value, FunctionType)]
 
 
-def _cells_now(function: FunctionType) -> tuple[_Same, ...]:
+def _cells_now(function: FunctionType) -> tuple[_Closed, ...]:
     """What each cell ``function`` reads (:func:`_cells_read`) holds now, by identity (one not
     filled yet, as none)."""
     held = []
     for cell in _cells_read(function):
         try:
-            held.append(_Same(cell.cell_contents))
+            held.append(_Closed(cell.cell_contents))
         except ValueError:  # not filled yet
-            held.append(_Same(None))
+            held.append(_Closed(None))
     return tuple(held)
 
 
