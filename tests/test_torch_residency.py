@@ -19,6 +19,7 @@ import textwrap
 import threading
 import time
 import tracemalloc
+import types
 import warnings
 import weakref
 from collections.abc import Iterator
@@ -565,6 +566,46 @@ def test_a_dropped_cache_writes_what_it_held_and_lets_its_writer_go(store: Store
     assert Store(store.root).have(keys) == set(keys)
     gc.collect()
     assert _pools() <= pools
+
+
+_ENCODER_CELL = """
+import torch
+from torch import nn
+
+
+class Encoder(nn.Module):
+    def __init__(self, width=32):
+        super().__init__()
+        self.inner = nn.Linear(16, width)
+        self.outer = nn.Linear(width, 8)
+
+    def forward(self, x):
+        return self.outer(torch.relu(self.inner(x)))
+"""
+
+
+def test_an_encoder_class_of_a_cell_run_again_is_freed_with_its_dropped_cache(
+    store: Store,
+) -> None:
+    """An encoder class a notebook's cell defines, run again, each time cached and dropped
+    once it ran, is freed with its encoder: the digest of how it is written, worked out for
+    the rows' fingerprint, does not hold the class its constructor's ``super()`` closes
+    over."""
+    made: list[weakref.ref[type]] = []
+    x = rows(8)
+    for seed in range(3):
+        cell = types.ModuleType("tests.encoder_cell")
+        exec(compile(_ENCODER_CELL, "<cell>", "exec"), cell.__dict__)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setitem(sys.modules, cell.__name__, cell)
+            torch.manual_seed(seed)
+            cached = cache_rows(cell.Encoder(), store)
+            assert torch.equal(cached(x), cached(x))
+            cached.flush()
+        made.append(weakref.ref(cell.Encoder))
+        del cached, cell
+    gc.collect()
+    assert sum(kind() is not None for kind in made) == 0
 
 
 def test_a_writer_let_go_on_its_own_thread_writes_what_was_queued(
