@@ -1786,3 +1786,27 @@ def test_a_record_kept_after_a_reader_looked_for_it_is_found_by_it(
     now[0] = stamp + 6_000_000_000
     assert reader.have([key]) == {key}
     assert bytes(reader.recall(key)[1]) == b"kept"
+
+
+def test_a_local_store_remembers_hashing_a_bounded_number_of_blobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A local store that keeps and reads many blobs over a long run (an answer each)
+    remembers having hashed at most ``_VERIFIED_HELD`` of them, not each one for as long as it
+    lives; a blob it let go of is hashed again as it is read, and read whole, and one damaged
+    since is refused."""
+    monkeypatch.setattr(_local_files, "_VERIFIED_HELD", 8)
+    store = LocalStore(tmp_path / "store")
+    blobs = {store.put(b"%d" % i * 70_000): b"%d" % i * 70_000 for i in range(40)}
+    assert len(store._verified) <= 8
+    for digest, data in blobs.items():
+        assert bytes(store.get(digest)) == data
+    assert len(store._verified) <= 8
+    first = next(iter(blobs))
+    assert store.verified_stamp(first) is None
+    path = store.blob_path(first)
+    damaged = bytearray(path.read_bytes())
+    damaged[0] ^= 1
+    path.write_bytes(bytes(damaged))
+    with pytest.raises(Corrupt, match="hashes to"):
+        store.get(first)

@@ -89,6 +89,11 @@ _AHEAD = 2
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 """What the filesystem says when this process may not change the store (a read-only disk,
 another user's files)."""
+_VERIFIED_HELD = 1 << 16
+"""How many blobs a store remembers having hashed to their digests (by their files'
+stamps), so that one read again is not hashed again: a process that keeps or reads an
+answer a sample over a long run would hold an entry for each, about 200 bytes, for as long
+as the store lives. The oldest is let go first, and hashed again at its next read."""
 
 
 ONE_FILESYSTEM = (
@@ -566,7 +571,18 @@ class LocalFiles(PackedHome):
         names, so a read of it while it keeps the same :func:`stamp_of` need not hash it
         again. Stamped once it is in place: a rename changes a file's ctime."""
         with contextlib.suppress(FileNotFoundError):  # gone already: a gc of another process
-            self._verified[digest] = stamp_of(os.stat(target))
+            self._note_stamp(digest, stamp_of(os.stat(target)))
+
+    def _note_stamp(self, digest: str, stamp: Stamp) -> None:
+        """Notes that blob ``digest``'s file, as ``stamp`` says it was, hashed to its digest,
+        letting go of the blob noted first once :data:`_VERIFIED_HELD` are."""
+        verified = self._verified
+        if digest not in verified and len(verified) >= _VERIFIED_HELD:
+            with self._lock, contextlib.suppress(StopIteration, KeyError, RuntimeError):
+                # Another thread may let go of it, or note one, meanwhile: then one more is
+                # held until the next blob noted.
+                del verified[next(iter(verified))]
+        verified[digest] = stamp
 
     def _already(self, target: str, size: int, temporary: str | None) -> bool:
         """Whether the blob at ``target`` is here whole; if so it is touched, so a gc running

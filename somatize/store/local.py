@@ -427,7 +427,7 @@ class LocalStore(LocalShelf):
                 raise Corrupt(
                     f"blob {digest} in {self.root} hashes to {found}: it is damaged, and {fate}"
                 )
-            self._verified[digest] = stamp
+            self._note_stamp(digest, stamp)
         if actual <= _MAP_ABOVE:
             self._hold(digest, raw)
             return data if borrow else memoryview(bytearray(raw))  # the caller's own
