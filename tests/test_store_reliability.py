@@ -160,6 +160,28 @@ def test_a_durable_put_of_a_blob_already_there_syncs_it(
         assert synced_first in synced and synced.index(synced_first) < record, synced_first
 
 
+def test_a_durable_store_remembers_syncing_a_bounded_number_of_blobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A durable store that finds many blobs already written by a store that does not sync
+    remembers having synced at most ``_VERIFIED_HELD`` of them; one it let go of is synced
+    again when it is found again."""
+    monkeypatch.setattr(_local_files, "_VERIFIED_HELD", 8)
+    root = tmp_path / "store"
+    plain, store = LocalStore(root), LocalStore(root, durable=True)
+    keys = [key_of(f"found/{i}") for i in range(40)]
+    for key in keys:
+        plain.put(value_of(key, 100))
+        store.keep(key, value_of(key, 100), "plain")
+    assert len(store._synced) <= 8
+    synced: list[int] = []
+    fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda handle: (synced.append(handle), fsync(handle)))
+    store.put(value_of(keys[0], 100))  # let go of long since
+    assert synced
+    assert len(store._synced) <= 8
+
+
 # -- concurrency -------------------------------------------------------------------------------
 
 

@@ -33,6 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from queue import SimpleQueue
 from stat import S_ISDIR, S_ISREG
+from typing import Any
 
 import blake3
 
@@ -93,7 +94,8 @@ _VERIFIED_HELD = 1 << 16
 """How many blobs a store remembers having hashed to their digests (by their files'
 stamps), so that one read again is not hashed again: a process that keeps or reads an
 answer a sample over a long run would hold an entry for each, about 200 bytes, for as long
-as the store lives. The oldest is let go first, and hashed again at its next read."""
+as the store lives. The oldest is let go first, and hashed again at its next read. A durable
+store remembers as many blobs it synced, found already written by another process."""
 
 
 ONE_FILESYSTEM = (
@@ -576,13 +578,17 @@ class LocalFiles(PackedHome):
     def _note_stamp(self, digest: str, stamp: Stamp) -> None:
         """Notes that blob ``digest``'s file, as ``stamp`` says it was, hashed to its digest,
         letting go of the blob noted first once :data:`_VERIFIED_HELD` are."""
-        verified = self._verified
-        if digest not in verified and len(verified) >= _VERIFIED_HELD:
+        self._keep_bounded(self._verified, digest, stamp)
+
+    def _keep_bounded(self, held: dict[str, Any], name: str, value: Any) -> None:
+        """``held[name] = value``, letting go of the entry held longest first once
+        :data:`_VERIFIED_HELD` are held."""
+        if name not in held and len(held) >= _VERIFIED_HELD:
             with self._lock, contextlib.suppress(StopIteration, KeyError, RuntimeError):
                 # Another thread may let go of it, or note one, meanwhile: then one more is
-                # held until the next blob noted.
-                del verified[next(iter(verified))]
-        verified[digest] = stamp
+                # held until the next one noted.
+                del held[next(iter(held))]
+        held[name] = value
 
     def _already(self, target: str, size: int, temporary: str | None) -> bool:
         """Whether the blob at ``target`` is here whole; if so it is touched, so a gc running
@@ -616,7 +622,8 @@ class LocalFiles(PackedHome):
         """Whether blob file ``target`` (``found`` as it was before :meth:`_already` touched
         it) is still here once it and each folder above it up to the store's are synced: a
         process that does not sync may have written it. One this store synced before,
-        touched since by this store alone, is not synced again."""
+        touched since by this store alone, is not synced again; it remembers at most
+        :data:`_VERIFIED_HELD` such files, as it does blobs hashed."""
         try:
             if self._synced.get(target) != (found.st_ino, found.st_ctime_ns):
                 handle = os.open(target, os.O_RDONLY)
@@ -630,7 +637,7 @@ class LocalFiles(PackedHome):
             return False  # removed by a gc just now: it is written afresh
         except OSError as why:
             raise self._unwritten(temporary, target, why) from why
-        self._synced[target] = (touched.st_ino, touched.st_ctime_ns)
+        self._keep_bounded(self._synced, target, (touched.st_ino, touched.st_ctime_ns))
         return True
 
     def bind(self, name: str, digest: str) -> None:
