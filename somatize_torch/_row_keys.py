@@ -405,7 +405,15 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     if not again and watch is not None and not watch.changed(thorough):
         # The same weights; a setting given to the module since (`enc.temperature = 5.0`)
         # or a hook registered is in the declaration.
-        return _redeclared(self) if self._node.declaration_moved() else None
+        if not self._node.declaration_moved():
+            return None
+        try:
+            return _redeclared(self)
+        except BaseException:
+            # Stopped before the keyings of the old declaration were dropped (a Ctrl-C as it
+            # is worked out): the next forward looks again, rather than key rows by it.
+            self._node.look_at_settings_again()
+            raise
     # With no watch (a conversion dropped it) every parameter is looked at: one made to
     # require grad before the conversion is unfrozen all the same.
     unfrozen = (
@@ -427,16 +435,23 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     watch = StateWatch(self.module)
     state = digest_state(self.module)
     self._watch = watch
-    if state != self._state:
-        self._state = state
-        self._node._smz.state = state
-        _drop_keyings(self)
-        self.keyed_anew += 1
-        return True
-    # The same weights and buffers; what the watch saw may still be a part replaced
-    # whose repr, settings or hooks are in the declaration, so that is said again too.
-    self._node.declaration_moved()  # looked at whole now
-    return _redeclared(self)
+    try:
+        if state != self._state:
+            self._state = state
+            self._node._smz.state = state
+            _drop_keyings(self)
+            self.keyed_anew += 1
+            return True
+        # The same weights and buffers; what the watch saw may still be a part replaced
+        # whose repr, settings or hooks are in the declaration, so that is said again too.
+        self._node.declaration_moved()  # looked at whole now
+        return _redeclared(self)
+    except BaseException:
+        # Stopped before the keyings of the old state or declaration were dropped (a Ctrl-C
+        # as they are): the next forward digests again, rather than recall rows kept under
+        # them for the weights or settings it found unchanged since this watch.
+        self._watch = None
+        raise
 
 
 @_one_at_a_time

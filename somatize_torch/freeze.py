@@ -678,6 +678,12 @@ class ModuleNode(Node):
         if watch is not None and watch.changed():
             self._settings = SettingsWatch(self.module, watch)
 
+    def look_at_settings_again(self) -> None:
+        """Has the next :meth:`declaration_moved` say yes: the one that said so last was
+        stopped (a Ctrl-C) before what it was told of was taken in (the declaration worked
+        out anew), and the change would otherwise never be told again."""
+        self._settings = None
+
     def forward(self, x: Any, ctx: Any) -> Any:
         if is_held(self.module):
             check_still(ctx.name if ctx is not None else repr(self), self.module)

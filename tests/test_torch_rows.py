@@ -8,6 +8,7 @@ import errno
 import functools
 import logging
 import os
+import sys
 import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
@@ -20,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from somatize import Store
+from somatize.canonical import NotCanonical
 from somatize.engine import Drifted
 from somatize.keys import node_key, node_prefix
 from somatize.store import StoreError
@@ -209,6 +211,75 @@ def test_a_setting_changed_after_rows_were_keyed_is_seen_at_the_next_forward(
     first_hook.remove()
     module.linear.register_forward_hook(_quintuple, prepend=True)
     assert torch.equal(cached(x), expected(module, x)) and cached.stats.computed == 30
+    cached.close()
+
+
+def _interrupted_once(step: Callable[..., Any]) -> Callable[..., Any]:
+    """``step``, whose first call raises KeyboardInterrupt instead, as a Ctrl-C landing there
+    would; later calls are ``step``'s own."""
+    calls = [0]
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise KeyboardInterrupt
+        return step(*args, **kwargs)
+
+    return interrupted
+
+
+@pytest.mark.parametrize("change", ["weights", "setting"])
+def test_a_change_whose_keying_anew_was_interrupted_is_seen_at_the_next_forward(
+    store: Store, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A forward interrupted (Ctrl-C) as it keys rows anew for weights changed or a setting
+    given since — dropping the keyings of the old ones, or working out what the module
+    declares now — leaves the change to the next forward, which computes the rows with
+    it: the watch of what changed was taken before, so the next forward found nothing
+    changed and recalled, for good, the rows of the old weights or setting."""
+    module = Gain()
+    cached = cache_rows(module, store)
+    x = torch.randn(5, 6)
+    first = cached(x)
+    if change == "weights":
+        with torch.no_grad():
+            module.linear.weight.mul_(2.0)
+        step = "_drop_keyings"
+    else:
+        module.gain = 2.0
+        step = "_prefix"
+    monkeypatch.setattr(_row_keys, step, _interrupted_once(getattr(_row_keys, step)))
+    with pytest.raises(KeyboardInterrupt):
+        cached(x)
+    now = expected(module, x)
+    assert not torch.equal(now, first)
+    assert torch.equal(cached(x), now)
+    assert torch.equal(cached(x), now) and cached.stats.computed == 10
+    cached.close()
+
+
+def test_settings_refused_as_rows_are_keyed_anew_are_refused_at_every_forward_after(
+    store: Store,
+) -> None:
+    """Settings given since rows were keyed, one of which no key can hold (nested deeper
+    than Python's recursion limit lets it be followed), are refused at the next forward
+    and at every one after, until that one goes: refused once, the forward run again
+    found nothing changed and recalled the rows of the settings before."""
+    module = Gain()
+    cached = cache_rows(module, store)
+    x = torch.randn(5, 6)
+    first = cached(x)
+    nested: list[Any] = []
+    for _ in range(sys.getrecursionlimit() * 2):
+        nested = [nested]
+    module.gain = 2.0
+    module.kept = nested
+    for _ in range(2):
+        with pytest.raises(NotCanonical, match=r"`kept` is nested deeper"):
+            cached(x)
+    del module.kept
+    assert torch.equal(cached(x), expected(module, x))
+    assert not torch.equal(cached(x), first) and cached.stats.computed == 10
     cached.close()
 
 
