@@ -451,7 +451,13 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     if state is not None:
         memory.freeze(name, state)
     if held.declaration_moved() or state is not None:
-        declared_again(memory, name, held)
+        try:
+            declared_again(memory, name, held)
+        except BaseException:
+            # Stopped before the owner's graph was told (a Ctrl-C as the declaration is
+            # worked out): the next call looks again, rather than key by the old one.
+            held.look_at_settings_again()
+            raise
     basis = (memory.declaration_of(name), held._smz.state)
     if basis != self._basis:
         self._solos.clear()

@@ -43,8 +43,10 @@ from torch.utils.checkpoint import checkpoint
 
 import somatize.torch as smt
 from somatize import Drifted, Graph, NotSettled, Opaque, Store, Unsettled
+from somatize.canonical import NotCanonical
 from somatize.codecs import CodecError
 from somatize.keys import node_key, node_prefix, root_key
+from somatize_torch import _cached
 from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
@@ -856,6 +858,63 @@ def test_a_setting_or_hook_changed_after_freeze_is_seen_at_the_next_call(
     assert not torch.allclose(after, before)
     assert torch.equal(wrapped(x), after)
     assert wrapped.counts[name] == {"ran": 2, "kept": 2, "recalled": 2}
+
+
+def test_a_setting_whose_declaration_anew_was_interrupted_is_seen_at_the_next_call(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call interrupted (Ctrl-C) as it takes anew what a cached part declares, once a
+    setting was given to it, leaves the setting to the next call, which computes its
+    answer with it: the watch of its settings was taken before, so the next call found
+    nothing changed and recalled, for good, the answer kept for the old setting."""
+    wrapped, model = _held(False, store, Tunes)
+    x = torch.randn(3, 4)
+    before = wrapped(x)
+    _retune(model.encoder, "setting")
+    calls = [0]
+    declared_again = _cached.declared_again
+
+    def interrupted(*args: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise KeyboardInterrupt  # as a Ctrl-C landing there would
+        declared_again(*args)
+
+    monkeypatch.setattr(_cached, "declared_again", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        wrapped(x)
+    after = wrapped(x)
+    with torch.no_grad():  # a copy: the module run itself would count the call
+        assert torch.allclose(after, copy.deepcopy(wrapped.model)(x))
+    assert not torch.allclose(after, before)
+    assert torch.equal(wrapped(x), after)
+    name = next(iter(wrapped.counts))
+    assert wrapped.counts[name] == {"ran": 2, "kept": 2, "recalled": 1}
+
+
+def test_settings_refused_as_a_cached_part_is_declared_anew_are_refused_at_every_call_after(
+    store: Store,
+) -> None:
+    """Settings given to a cached part since it was frozen, one of which no key can hold
+    (nested deeper than Python's recursion limit lets it be followed), are refused at the
+    next call and at every one after, until that one goes: refused once, the call run
+    again found nothing changed and recalled the answer kept for the settings before."""
+    wrapped, model = _held(False, store, Tunes)
+    x = torch.randn(3, 4)
+    before = wrapped(x)
+    nested: list[Any] = []
+    for _ in range(sys.getrecursionlimit() * 2):
+        nested = [nested]
+    _retune(model.encoder, "setting")
+    model.encoder.kept = nested
+    for _ in range(2):
+        with pytest.raises(NotCanonical, match=r"`kept` is nested deeper"):
+            wrapped(x)
+    del model.encoder.kept
+    after = wrapped(x)
+    with torch.no_grad():  # a copy: the module run itself would count the call
+        assert torch.allclose(after, copy.deepcopy(wrapped.model)(x))
+    assert not torch.allclose(after, before)
 
 
 def _flag_read_anew(wrapped: smt.Wrapped, config: Any) -> tuple[torch.Tensor, torch.Tensor, str]:
