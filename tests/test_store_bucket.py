@@ -1537,3 +1537,26 @@ def test_a_gc_with_credentials_that_may_not_write_measures_its_grace_on_its_own_
         assert collector.gc(grace=1).blobs == 1
     assert not writer.has_blob(stray)
     assert bytes(writer.get(writer.resolve("data/v1"))) == b"pinned"
+
+
+@pytest.mark.parametrize("archive", ["zip", "tar"])
+def test_a_store_in_an_archive_is_read_only_and_says_so(tmp_path: Path, archive: str) -> None:
+    """A store packed into a zip or tar archive and opened there (`zip://::file://…`) is
+    read: a forward recalls what it keeps. fsspec reads such archives only, so a forward
+    that would keep an answer is a StoreError saying the store is in an archive before any
+    node runs, and a put says so too, not fsspec's "write() requires mode 'w'"; writable()
+    is False."""
+    largest = Largest().named("largest").frozen().cached()
+    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
+    assert g.forward([1.0, 2.0], store=Store(f"file://{tmp_path / 'store'}")) == 4.0
+    packed = shutil.make_archive(str(tmp_path / "packed"), archive, tmp_path, "store")
+    store = Store(f"{archive}://store::file://{packed}")
+    assert g.forward([1.0, 2.0], store=store) == 4.0
+    assert largest.calls == 1
+    assert store.writable() is False
+    said = rf"the store is in a {archive} archive, which is only read here"
+    with pytest.raises(StoreError, match=said):
+        g.forward([1.0, 3.0], store=store)
+    assert largest.calls == 1
+    with pytest.raises(StoreError, match=said):
+        store.put(b"features")

@@ -304,17 +304,21 @@ class BucketRequests(PackedHome):
         return None
 
     def writable(self) -> bool:
-        """False where the bucket does not exist (see :meth:`_refused_keeping`); whether
-        its permissions allow a write shows only when something is written."""
+        """False where the bucket does not exist or the store is in an archive (see
+        :meth:`_refused_keeping`); whether its permissions allow a write shows only when
+        something is written."""
         return self._refused_keeping() is None
 
     def _refused_keeping(self) -> StoreError | None:
-        """The error a keep would raise where the bucket does not exist. It is looked for
-        once per store object (one request), before its first answer computed is kept; one
-        that may not be asked for (no ``HeadBucket``) may still be written: its keeps say
-        what they find."""
+        """The error a keep would raise where the store is in an archive or the bucket does
+        not exist. It is looked for once per store object (one request), before its first
+        answer computed is kept; one that may not be asked for (no ``HeadBucket``) may
+        still be written: its keeps say what they find."""
         if self._noted.bucket_seen:
             return None
+        archived = self._in_archive("keep answers in")
+        if archived is not None:
+            return archived
         try:
             bucket = self._missing_bucket()
         except StoreError:
@@ -333,6 +337,24 @@ class BucketRequests(PackedHome):
         return Missing(
             f"{said}: the bucket `{bucket}` does not exist, so nothing is kept there. Check "
             "the URL, or create the bucket"
+        )
+
+    def _in_archive(self, doing: str) -> StoreError | None:
+        """The error for a write (``doing``: what it would do) to a store opened inside a zip
+        or tar archive (``zip://::file://store.zip``); None for any other filesystem. A
+        store there is read, as one packed to be handed on; fsspec reads a tar only, and a
+        zip's files cannot be replaced or removed once written, which names, records and a
+        gc do, so none is written, rather than failing with what fsspec says of a mode."""
+        from fsspec.archive import AbstractArchiveFileSystem
+
+        if not isinstance(self.fs, AbstractArchiveFileSystem):
+            return None
+        protocol = self.fs.protocol
+        kind = protocol if isinstance(protocol, str) else protocol[0]
+        return StoreError(
+            f"cannot {doing} {self.url}: the store is in a {kind} archive, which is only read "
+            "here. Nothing was changed; it can still be read. Keep answers in a store this "
+            "process may write (unpack the archive and open its folder)"
         )
 
     def _no_bucket(self, bucket: str) -> StoreError:
@@ -358,6 +380,9 @@ class BucketRequests(PackedHome):
     def _write(self, path: str, pieces: Sequence[Buffer]) -> None:
         """Publishes ``pieces`` at ``path`` whole: an object store's upload does that by
         itself; a plain filesystem goes through ``tmp/`` and a rename."""
+        archived = self._in_archive(f"write {path.rsplit('/', 2)[-2]}/ of")
+        if archived is not None:
+            raise archived
         if self._atomic:
             self._upload(path, path, pieces)
             return
