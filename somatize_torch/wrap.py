@@ -134,6 +134,12 @@ __all__ = [
 
 Names = bool | str | Iterable[str] | Mapping[str, str | None]
 
+_COUNTING = threading.Lock()
+"""Held while a call counts its facts into ``counts`` and the graph's record: each adds
+to what it reads there, and a call of another thread adding between the read and the
+write would be lost. One for every wrapped model (a lock is not pickled), held for a
+few dict writes a call."""
+
 
 # ------------------------------------------------------------------------------ nodes
 
@@ -346,19 +352,20 @@ class Wrapped(nn.Module):
     def _noted(self, name: str, record: Record | None) -> None:
         if record is None:
             return
-        count = self.counts.setdefault(name, {})
-        for fact in record.facts:
-            if fact.get("node") == name:
-                count[fact["fact"]] = count.get(fact["fact"], 0) + 1
-        # The graph's record keeps what the other declared nodes did last, and this one's
-        # facts from its own run.
-        previous = self.graph.record
-        kept = (
-            []
-            if previous is None
-            else [f for f in previous.facts if f.get("node") not in (None, name)]
-        )
-        self.graph.record = Record([*kept, *record.facts])
+        with _COUNTING:
+            count = self.counts.setdefault(name, {})
+            for fact in record.facts:
+                if fact.get("node") == name:
+                    count[fact["fact"]] = count.get(fact["fact"], 0) + 1
+            # The graph's record keeps what the other declared nodes did last, and this
+            # one's facts from its own run.
+            previous = self.graph.record
+            kept = (
+                []
+                if previous is None
+                else [f for f in previous.facts if f.get("node") not in (None, name)]
+            )
+            self.graph.record = Record([*kept, *record.facts])
 
     # The model's own tensors are saved and loaded by the model, as unwrapped: its
     # overrides (extra state, keys renamed on load) take part.
