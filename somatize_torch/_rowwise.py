@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
+from somatize.catalog import code_changes
 from somatize.errors import SomatizeError
 from somatize_torch._errors import CachedInputNeedsGrad
 from somatize_torch._precision import float32_precision, reduced
@@ -193,8 +194,31 @@ def _still_keyed(self: CachedRows, watch: StateWatch | None) -> bool:
     put in train mode by another thread, a part without weights too: a Dropout). Rows
     computed with other weights are answered and kept nowhere, since under their keys
     they would be recalled for the weights keyed; rows computed with a part in train mode
-    are computed again (:mod:`somatize_torch._row_lookup`)."""
-    return watch is not None and self._watch is watch and not watch.changed() and _in_eval(self)
+    are computed again (:mod:`somatize_torch._row_lookup`). So are rows computed while
+    the code of its classes moved (a method set on one by another thread, for a while):
+    they are the new code's, and would be recalled as the code's they were keyed by once
+    it is set back, where the next forward refuses the cache while it stays."""
+    return (
+        watch is not None
+        and self._watch is watch
+        and not watch.changed()
+        and _in_eval(self)
+        and _code_unmoved(self)
+    )
+
+
+def _code_unmoved(self: CachedRows) -> bool:
+    """Whether the code of the module's classes is what it was when its rows were keyed
+    (:func:`~somatize_torch._row_keys._code_as_cached` looked then): one comparison made
+    in C, and, where it says no, what changed worked out, as there (a value the classes'
+    own code set on one of them as it ran is its state, not its code)."""
+    code = self._code
+    try:
+        if code[0] == code[1]:
+            return True
+    except Exception:  # a value replaced whose `==` says no bool (an array)
+        pass
+    return not code_changes(code)
 
 
 def _in_eval(self: CachedRows) -> bool:

@@ -1674,6 +1674,38 @@ def test_rows_computed_while_the_weights_change_are_answered_and_not_kept(
     fresh.close()
 
 
+class Gained(Midway):
+    """A :class:`Midway` whose answer is scaled by what a method of its class says."""
+
+    def gain(self) -> float:
+        return 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.gain()
+
+
+def test_rows_computed_while_the_code_changes_are_answered_and_not_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A method set on the module's class while its rows are computed (another thread
+    patching it for a while) answers those rows, which are the new code's, not that of the
+    code they were keyed under: they are answered and kept nowhere, or they would be
+    recalled, from memory and the store, as the old code's once it is set back."""
+    module = Gained()
+    cached = cache_rows(module, Store(tmp_path / "store"))
+    cached(torch.randn(2, 4))  # keyed and checked
+    x = torch.randn(4, 4)
+    _MIDWAY.append(lambda: monkeypatch.setattr(Gained, "gain", lambda self: 2.0))
+    assert torch.equal(cached(x), expected(module, x))  # as the code answers now
+    monkeypatch.undo()  # the method set back
+    assert torch.equal(cached(x), expected(module, x))
+    assert cached.stats.computed == 2 + 4 + 4
+    cached.close()
+    fresh = cache_rows(module, Store(tmp_path / "store"))
+    assert torch.equal(fresh(x), expected(module, x))
+    fresh.close()
+
+
 def test_rows_keyed_before_another_thread_keys_new_weights_are_not_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
