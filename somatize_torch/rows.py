@@ -481,12 +481,15 @@ class CachedRows(nn.Module):
         handed to this cache once more): no gradients, held in eval, and its state digested
         again before the next row is keyed, so a change made meanwhile (it trained) keys
         rows anew. The mode asked of the wrapper is the module's own again; the memory
-        tiers keep what they held."""
-        self._asked_at_eval, self._evaluating = None, False
-        self.training = self.module.training
-        hold(self.module)
-        self._watch = None
-        self._handed_back = False
+        tiers keep what they held. A call of the cache handed back running on another
+        thread is waited for: it puts the module back as it found it as it ends, which
+        would undo this freeze."""
+        with self._held_for_call:
+            self._asked_at_eval, self._evaluating = None, False
+            self.training = self.module.training
+            hold(self.module)
+            self._watch = None
+            self._handed_back = False
 
     def hand_back(self) -> None:
         """Says that the module is its model's again: put back in place of this cache as it

@@ -1809,6 +1809,29 @@ def test_rows_keyed_on_two_threads_while_one_keys_anew_are_keyed_one_at_a_time(
     assert torch.equal(answers["wide"], expected(module, wide))
 
 
+def test_freeze_again_while_a_handed_back_call_runs_leaves_the_module_frozen() -> None:
+    """``freeze_again`` asked from another thread while a call of the cache handed back
+    runs (a stage beginning while a pool still embeds a dataset) freezes the module once
+    the call has put it back as its model had it: the call, ending after, left it as it
+    found it, training and requiring grad, with the cache no longer holding it for each
+    call, so the next call refused it as unfrozen and an optimizer went on moving it."""
+    module = Midway()
+    cached = cache_rows(module)
+    cached(torch.randn(2, 4))
+    cached.hand_back()
+    release(module)  # its model's again, in train mode, trained
+    module.train().requires_grad_(True)
+    frozen = threading.Thread(target=cached.freeze_again)
+    _MIDWAY.append(lambda: (frozen.start(), frozen.join(1)))  # waits, unless it is held
+    x = torch.randn(3, 4)
+    out = cached(x)
+    frozen.join(10)
+    assert is_held(module) and not any(part.training for part in module.modules())
+    assert not any(p.requires_grad for p in module.parameters())
+    assert torch.equal(cached(x), out)
+    assert torch.equal(out, expected(module, x))
+
+
 def test_a_cache_handed_back_called_on_two_threads_leaves_its_module_as_it_was(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
