@@ -97,6 +97,7 @@ from __future__ import annotations
 
 import _thread
 import operator
+import sys
 import threading
 import time
 from collections import deque
@@ -203,24 +204,34 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
             if not busy:
                 continue
             finished = wait_for(busy, FIRST_COMPLETED)
+            # Each node that ended is said before one failure is raised: two ending
+            # together, both failed, are two failed facts, the other's error noted.
+            failures: list[BaseException] = []
             for future in finished:
                 node = busy.pop(future)
                 try:
                     outcome = future.result()
                 except SomatizeError as error:
                     state.emit({"fact": "failed", "node": node, "error": failed_as(error)})
-                    raise
+                    failures.append(error)
+                    continue
                 except Exception as error:
                     state.emit({"fact": "failed", "node": node, "error": type(error).__name__})
-                    raise node_failed(graph, node, graph.node(node), error) from error
+                    failed = node_failed(graph, node, graph.node(node), error)
+                    failed.__cause__ = error
+                    failures.append(failed)
+                    continue
                 except BaseException as error:  # KeyboardInterrupt: said, and let go
                     state.emit({"fact": "failed", "node": node, "error": type(error).__name__})
-                    raise
+                    failures.append(error)
+                    continue
                 state.emit_crossed(node, outcome.facts)
                 if node in state.beside:
                     state.answered_beside(plan, node)
                 _ran(state, plan, node, outcome.value, outcome.took_us, outcome.kept, outcome.moved)
                 done.add(node)
+            if failures:
+                raise _first_of(failures)
     except BaseException as error:
         # Interrupted (Ctrl-C): the broker stops what runs on workers, where it can, before
         # anything else. Every Python instruction here is a place a second Ctrl-C can land,
@@ -250,6 +261,18 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
         for future in busy:
             if cancel or not isinstance(future, Call):
                 future.cancel()
+
+
+def _first_of(failures: list[BaseException]) -> BaseException:
+    """The error to raise for nodes that failed together: an interrupt (Ctrl-C, which has
+    the broker stop what still runs) before any error, else the first; the others are
+    noted on it (where exceptions take notes: Python 3.11 and later)."""
+    first = next((f for f in failures if not isinstance(f, Exception)), failures[0])
+    if sys.version_info >= (3, 11):
+        for other in failures:
+            if other is not first:
+                first.add_note(f"At the same time: {type(other).__name__}: {other}")
+    return first
 
 
 def wait_for(futures: Iterable[Future[Any]], return_when: str = ALL_COMPLETED) -> set[Future[Any]]:

@@ -2635,3 +2635,35 @@ def test_an_answer_a_worker_computed_from_a_node_whose_code_changed_is_not_kept(
         >> _Twice().named("twice").frozen().cached()
     )
     assert fresh.forward(1, store=store, strict=True) == 4
+
+
+def test_nodes_failing_together_on_workers_are_each_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two nodes on two workers that both failed before the forward looked (both ended
+    while it waited, as on a loaded machine) are each a ``failed`` fact, and the
+    NodeFailed raised for one notes the other's error: the other was said nowhere."""
+    import somatize.engine as engine
+
+    g = Graph.somatize(
+        Rows().named("rows")
+        >> (Fails().named("a").at("w1"), Fails().named("b").at("w2"))
+        >> Add().named("sum")
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="local"), "w2": Worker.generic()})
+    wait_for = engine.wait_for
+
+    def both_ended(futures: Any, return_when: str = engine.ALL_COMPLETED) -> Any:
+        return wait_for(futures, engine.ALL_COMPLETED)
+
+    monkeypatch.setattr(engine, "wait_for", both_ended)
+    try:
+        with pytest.raises(NodeFailed, match=r"`[ab]` \(Fails\) raised ZeroDivisionError") as e:
+            g.forward({"at": 0, "take": 2}, broker=broker)
+    finally:
+        broker.close()
+    assert g.record is not None
+    failed = sorted(f["node"] for f in g.record.facts if f["fact"] == "failed")
+    assert failed == ["a", "b"]
+    if sys.version_info >= (3, 11):  # where exceptions take notes
+        other = "b" if e.value.node == "a" else "a"
+        said = f"`{other}` (Fails) raised ZeroDivisionError"
+        assert any(said in note for note in e.value.__notes__)
