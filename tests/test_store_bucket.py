@@ -1560,3 +1560,13 @@ def test_a_store_in_an_archive_is_read_only_and_says_so(tmp_path: Path, archive:
     assert largest.calls == 1
     with pytest.raises(StoreError, match=said):
         store.put(b"features")
+
+
+@pytest.mark.parametrize("name", ["missing.zip", ""])
+def test_an_archive_that_cannot_be_opened_is_a_store_error(tmp_path: Path, name: str) -> None:
+    """A store opened in an archive that is not there, or at a folder, is a StoreError
+    naming the URL and saying nothing was opened, not the OSError fsspec met opening
+    it."""
+    url = f"zip://store::file://{tmp_path / name}"
+    with pytest.raises(StoreError, match=rf"cannot open {re.escape(url)} as a store: .*"):
+        Store(url)

@@ -370,6 +370,12 @@ class BucketStore(BucketShelf):
                 f"cannot open {url} as a bucket store: {why}. For s3:// install s3fs "
                 "(pip install 'somatize[s3]'); gs:// needs gcsfs, az:// adlfs"
             ) from why
+        except OSError as why:  # an archive (zip://, tar://) its file cannot be read of
+            raise StoreError(
+                f"cannot open {url} as a store: its filesystem could not be opened ({why}); "
+                "nothing was opened. Check the URL: a store in an archive names the archive "
+                "after `::`, as `zip://store::file:///data/store.zip`"
+            ) from why
         except TypeError as why:
             if not _made_without(why):
                 raise  # a fault of code, not of what the store is opened with
