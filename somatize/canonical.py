@@ -24,6 +24,11 @@ bytes in one dimension — of typed items (``'i'``, ``'f'``), signed bytes (``'b
 characters (``'c'``), or in several dimensions — whose length and items are not those
 of its bytes.
 
+:func:`decode` reads a value only from the one form a writer makes of it: an int in
+more bytes than it needs, or in none, and a dict naming a key twice are refused as
+damaged bytes, as bytes that end too soon are. (Its dicts' keys may come in any order:
+an answer's are written in the order they were filled in.)
+
 The encoding is versioned by :data:`VERSION`; the key formula mixes the version
 in, so a change here changes every key on purpose rather than by accident.
 """
@@ -448,7 +453,12 @@ def _read(data: bytes, at: int) -> tuple[Any, int]:
         at += 8
         if tag == 0x69:  # i
             _need(data, at, size)
-            return int.from_bytes(data[at : at + size], "big", signed=True), at + size
+            number = int.from_bytes(data[at : at + size], "big", signed=True)
+            # Written in the fewest bytes that hold it and its sign (0 in one): any other
+            # count (none, or a leading byte of only its sign) is bytes no writer makes.
+            if size != (number.bit_length() + 8) // 8:
+                raise ValueError(f"an int of {size} bytes is not canonical")
+            return number, at + size
         if tag == 0x73:  # s
             _need(data, at, size)
             return str(data[at : at + size], "utf-8", "surrogatepass"), at + size
@@ -465,6 +475,8 @@ def _read(data: bytes, at: int) -> tuple[Any, int]:
                 name, at = _read(data, at)
                 if type(name) is not str:
                     raise ValueError("a canonical dict key is not a str")
+                if name in out:  # no writer names a key twice: the last value would win
+                    raise ValueError(f"a dict naming the key {name[:64]!r} twice is not canonical")
                 out[name], at = _read(data, at)
             return out, at
         for _ in range(size):

@@ -257,3 +257,46 @@ def test_a_value_nested_deeper_than_this_process_reads_is_a_value_error() -> Non
         sys.setrecursionlimit(limit)
     with pytest.raises(ValueError, match="nested deeper than this process can read"):
         canonical.decode(data)
+
+
+def _sized(tag: bytes, payload: bytes) -> bytes:
+    return tag + len(payload).to_bytes(8, "big") + payload
+
+
+def _counted(tag: bytes, count: int, *items: bytes) -> bytes:
+    return tag + count.to_bytes(8, "big") + b"".join(items)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        _sized(b"i", b""),  # 0, of no bytes: written as one
+        _sized(b"i", b"\x00\x05"),  # 5, a leading zero byte
+        _sized(b"i", b"\x00\x00"),  # 0, two bytes
+        _sized(b"i", b"\xff\xfb"),  # -5, a redundant sign byte
+        _sized(b"i", b"\x00\x00\x80"),  # 128, one leading zero byte past the sign's
+        _counted(b"d", 2, _sized(b"s", b"a"), b"T", _sized(b"s", b"a"), b"F"),  # a key twice
+        _counted(b"l", 1, _counted(b"d", 2, _sized(b"s", b""), b"N", _sized(b"s", b""), b"N")),
+    ],
+)
+def test_decode_refuses_bytes_no_writer_makes(data: bytes) -> None:
+    """A value has one canonical form, and decode reads only that one: bytes no writer makes
+    (an int of no bytes, or with a byte more than it needs; a dict naming a key twice,
+    whose last value would win) are refused as damaged, not read as a value whose bytes
+    are others."""
+    with pytest.raises(ValueError, match="not canonical"):
+        canonical.decode(data)
+
+
+@given(values)
+def test_the_exact_encoding_is_the_one_decode_reads(value: object) -> None:
+    """Bytes written exact (an answer: its dicts in their order) decode to a value whose
+    exact encoding is those bytes again."""
+    data = b"".join(canonical.parts_of(value, exact=True))
+    assert b"".join(canonical.parts_of(canonical.decode(data), exact=True)) == data
+
+
+@pytest.mark.parametrize("value", [0, 5, -5, 127, 128, -128, -129, 255, 256, 2**64, -(2**64)])
+def test_ints_decode_from_their_encoding(value: int) -> None:
+    """Every int, at the edges of its byte counts too, still decodes from what is written."""
+    assert canonical.decode(canonical.encode(value)) == value
