@@ -21,6 +21,7 @@ from somatize.store._packed import take_as_steady
 from somatize_torch._codec_header import _strides_overflow
 from somatize_torch.codec import (
     TENSOR,
+    _apart,
     _check_bools,
     _refuse_bools,
     in_c_order,
@@ -42,16 +43,24 @@ __all__ = [
 
 def row_order(rows: torch.Tensor) -> list[int] | None:
     """The order of the dims of batch ``rows`` in its memory, outermost first, when that is
-    not C order and the batch is dense in it with its rows one after another
-    (channels_last, a batch of transposed rows): ``rows.permute(order)`` is contiguous.
+    not C order and the batch's elements lie in it with its rows one after another
+    (channels_last, a batch of transposed rows): ``rows.permute(order)`` is contiguous, or
+    has gaps only (a half of a channels_last batch split along its channels), and is
+    copied dense in that order where rows are laid out (:func:`laid_out`) or written.
     None for a batch in C order (:func:`~somatize_torch.codec.in_c_order`: a channels_last
-    map pooled to 1x1, contiguous to torch, is not), or one with gaps or overlaps (written
-    in C order)."""
+    map pooled to 1x1, contiguous to torch, is not), one whose memory order is C order
+    with gaps, or one that overlaps (written in C order)."""
     if rows.dim() < 3 or in_c_order(rows):
         return None
     strides = rows.stride()
     order = [0, *sorted(range(1, rows.dim()), key=lambda d: (-strides[d], d))]
-    return order if order != sorted(order) and rows.permute(order).is_contiguous() else None
+    if order == sorted(order):
+        return None
+    # With gaps, a kernel reading the rows picks its path by that order as it would for
+    # dense ones (a conv takes the channels_last one): recalled dense in it, it takes the
+    # same path on a hit as on the miss.
+    stored = rows.permute(order)
+    return order if stored.is_contiguous() or _apart(stored) else None
 
 
 def laid_out(rows: torch.Tensor, order: list[int] | None) -> torch.Tensor:

@@ -44,7 +44,7 @@ from somatize_torch.residency import ROW_INDEX_BYTES, Tier
 from somatize_torch.rows import cache_rows
 from somatize_torch.writer import WaitsForItself, WriteFailed, Writer, store_lock
 from tests.forked import in_child, in_forked_child
-from tests.test_torch_rows import laid_out_otherwise
+from tests.test_torch_rows import HalfOfMap, laid_out_otherwise
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -186,7 +186,9 @@ def test_rows_in_another_order_of_their_dims_are_written_as_their_memory_holds_t
     """A batch dense in another order of its dims than C order is written with no copy,
     each row as the tensor codec writes it (so any reader of the codec reads it, with its
     strides), and read back as one batch with the strides it had; a row written in C
-    order among them is read too."""
+    order among them is read too. One in that order with gaps (every other of its rows'
+    elements along a dim) is written dense in it, each row as the codec writes it, and
+    read back so; one that overlaps, or in C order with gaps, is written in C order."""
     x = torch.randn(5, 3, 4, 2)
     x = x.to(memory_format=torch.channels_last) if kind == "channels_last" else x.transpose(1, 3)
     order = row_order(x)
@@ -202,7 +204,16 @@ def test_rows_in_another_order_of_their_dims_are_written_as_their_memory_holds_t
     mixed = decode_rows([datas[0], in_c_order[1], datas[2]])
     assert torch.equal(mixed, x[:3]) and mixed.stride() == x.stride()
     assert decode_rows(in_c_order).is_contiguous()
-    assert row_order(x.contiguous()) is None and row_order(x[:, :, ::2]) is None
+    gaps = x[:, :, ::2]
+    assert row_order(gaps) == order
+    encoded = encode_rows(gaps.permute(order), order)
+    datas = [memoryview(b"".join(bytes(p) for p in pieces)) for pieces in encoded]
+    for row, data in zip(gaps, datas, strict=True):
+        assert bytes(data) == b"".join(bytes(p) for p in TENSOR.encode(row))
+    read = decode_rows(datas)
+    assert torch.equal(read, gaps) and read.permute(order).is_contiguous()
+    assert row_order(x.contiguous()) is None and row_order(x.contiguous()[:, :, ::2]) is None
+    assert row_order(x[:, :, :1].expand(-1, -1, 3, -1)) is None
 
 
 def _row(value: torch.Tensor, change: Any = None, data: bytes | None = None) -> memoryview:
@@ -1772,6 +1783,30 @@ def test_rows_still_to_be_written_are_recalled_laid_out_as_computed(
             out = cached(batch)
             assert out.stride() == strides
             assert torch.equal(out, module(batch))
+        assert cached.stats.from_pending == 14
+    cached.flush()
+    cached.close()
+
+
+def test_rows_with_gaps_still_to_be_written_are_recalled_dense_in_their_order(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows a module answers in channels_last with gaps (a half of a channels_last map)
+    are staged dense in channels_last, and recalled from there so, whole or beside rows
+    computed: a conv reading them answers as it does the computed ones."""
+    torch.manual_seed(0)
+    module = HalfOfMap()
+    after = nn.Conv2d(8, 4, 3, padding=1)
+    data = torch.randn(12, 3, 6, 6).to(memory_format=torch.channels_last)
+    cached = cache_rows(module, store, device_bytes=0, host_bytes=0)
+    with _writes_held(monkeypatch), torch.no_grad():
+        cached(data[:8])
+        for batch in (data[:8], data[2:10]):  # whole, then beside rows computed
+            out, computed = cached(batch), module(batch)
+            assert out.is_contiguous(memory_format=torch.channels_last)
+            answered, again = after(computed), after(out)
+            assert torch.equal(out, computed)
+            assert again.stride() == answered.stride() and torch.equal(again, answered)
         assert cached.stats.from_pending == 14
     cached.flush()
     cached.close()

@@ -792,6 +792,58 @@ def test_recalled_rows_are_laid_out_in_memory_as_computed_ones(
     second.close()
 
 
+class HalfOfMap(nn.Module):
+    """A conv fed channels_last, its answer split in two along its channels and the first
+    half kept (a gated block's half): channels_last, with gaps where the other half's
+    channels lie."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, padding=1).to(memory_format=torch.channels_last)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(x).chunk(2, dim=1)[0]
+
+
+def test_recalled_rows_with_gaps_are_laid_out_as_computed_ones(
+    store: Store, tmp_path: Path
+) -> None:
+    """Rows a module answers laid out in channels_last with gaps in their memory (a half of
+    a channels_last map split along its channels) are recalled dense in channels_last —
+    from memory, from the store, whole or beside rows computed — so a conv reading them
+    takes the path it takes on a miss and answers the same bits, laid out alike: they were
+    recalled in C order, and the conv answered in C order, other last bits."""
+    torch.manual_seed(0)
+    module = HalfOfMap()
+    after = nn.Conv2d(8, 16, 3, padding=1)
+    data = torch.randn(12, 3, 10, 10).to(memory_format=torch.channels_last)
+
+    def read(rows: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return after(rows)
+
+    with torch.no_grad():
+        missed = {(0, 8): module(data[:8]), (2, 10): module(data[2:10]), (4, 12): module(data[4:])}
+    assert not missed[(0, 8)].is_contiguous(memory_format=torch.channels_last)
+
+    def same_as_missed(out: torch.Tensor, start: int, end: int) -> None:
+        assert out.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(out, missed[(start, end)])
+        answered, again = read(missed[(start, end)]), read(out)
+        assert again.stride() == answered.stride() and torch.equal(again, answered)
+
+    first = cache_rows(module, store)
+    first(data[:8])
+    for start, end in ((0, 8), (2, 10)):  # from memory whole, then with rows computed
+        same_as_missed(first(data[start:end]), start, end)
+    first.flush()
+    first.close()
+    second = cache_rows(module, Store(tmp_path / "store"), device_bytes=0, host_bytes=0)
+    for start, end in ((0, 8), (4, 12)):  # from the store whole, then with rows computed
+        same_as_missed(second(data[start:end]), start, end)
+    second.close()
+
+
 def test_recalled_rows_follow_the_layout_of_the_input_they_answer() -> None:
     """A conv answers a channels_last batch channels_last and a batch in C order in C
     order: a batch recalled is laid out as the module lays out the answers to inputs laid
