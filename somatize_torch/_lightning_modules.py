@@ -48,6 +48,7 @@ from __future__ import annotations
 import inspect
 import warnings
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +79,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Found",
+    "after_own_setup",
     "cache_in_place",
     "cached_elsewhere",
     "check_trainable",
@@ -90,12 +92,14 @@ __all__ = [
     "nested",
     "nothing_left",
     "own_cache_put_back",
+    "own_setup_restored",
     "pass_through",
     "places_of",
     "put_back_all",
     "replaced",
     "uncache",
     "unwrapped",
+    "waits_for_own_setup",
 ]
 
 
@@ -292,8 +296,8 @@ def check_trainable(
     warning (:class:`FrozeTrainable`), and refused when it holds all that fitting would
     train (a head named by mistake).
 
-    Called by the callback's ``setup()`` itself, so that the warning points at what
-    called that hook."""
+    Called through the callback's ``setup()`` (one method down), so that the warning
+    points at what called that hook."""
     if stage != "fit":
         return set()  # nothing trains in validate, test or predict
     trainable = {
@@ -319,11 +323,11 @@ def check_trainable(
         f"parameters of modules named to be cached require grad ({listed}): caching "
         "freezes them (requires_grad_(False), held in eval), so they do not train here "
         "as they would without this callback. If a module is meant to train, do not "
-        "name it; if it is meant to stay frozen, freeze it before fitting "
-        "(`requires_grad_(False)`) and this warning goes. A schedule that unfreezes it "
-        "later gets it back uncached",
+        "name it; if it is meant to stay frozen, freeze it before fitting or in the "
+        "LightningModule's own `setup()` (`requires_grad_(False)`) and this warning "
+        "goes. A schedule that unfreezes it later gets it back uncached",
         FrozeTrainable,
-        stacklevel=3,
+        stacklevel=4,
     )
     return set()
 
@@ -385,9 +389,60 @@ def _left_to_tuners(
             "what unfreezing trains — and put it in eval before fitting "
             "(`model.backbone.eval()`), if that is how it is meant to run until it is unfrozen",
             Uncached,
-            stacklevel=4,
+            stacklevel=5,
         )
     return set(why)
+
+
+def waits_for_own_setup(
+    trainer: pl.Trainer, pl_module: pl.LightningModule, module: nn.Module
+) -> bool:
+    """Whether ``module``, about to be cached, is left as it is until the LightningModule's
+    own ``setup()`` has run (:func:`after_own_setup`): one whose parameters require grad, in
+    a LightningModule with a ``setup()`` of its own, which Lightning runs after the
+    callbacks' and may freeze it there (``self.encoder.requires_grad_(False)``). Frozen now,
+    it would be taken for one that trains without the callback, and handed back so. Not
+    under a fine-tuning callback, which freezes what it schedules itself
+    (:func:`freeze_first`)."""
+    if type(pl_module).setup is pl.LightningModule.setup or tuners_of(trainer):
+        return False
+    return any(p.requires_grad for p in module.parameters())
+
+
+def after_own_setup(pl_module: pl.LightningModule, then: Callable[[], None]) -> None:
+    """Has ``then`` called once the LightningModule's own ``setup()`` has run — the next
+    hook Lightning calls after the callbacks' ``setup()``, before ``configure_model()``,
+    the optimizers and the strategy's move or wrap of the model — and no more: the method is
+    put on the LightningModule itself for that one call (:func:`own_setup_restored`
+    takes it off a stage that failed first)."""
+    own_setup_restored(pl_module)  # one a stage that failed left there
+    own = pl_module.setup
+
+    def setup(*args: Any, **kwargs: Any) -> Any:
+        own_setup_restored(pl_module)
+        done = own(*args, **kwargs)
+        then()
+        return done
+
+    vars(pl_module)["setup"] = _ThenLook(setup)
+
+
+class _ThenLook:
+    """The ``setup()`` :func:`after_own_setup` puts on a LightningModule: its own, then the
+    callback's look."""
+
+    def __init__(self, setup: Callable[..., Any]) -> None:
+        self.setup = setup
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.setup(*args, **kwargs)
+
+
+def own_setup_restored(pl_module: pl.LightningModule) -> None:
+    """Takes the ``setup()`` :func:`after_own_setup` put on ``pl_module`` off it, where it
+    is still there (a stage that failed before Lightning called it)."""
+    if isinstance(vars(pl_module).get("setup"), _ThenLook):
+        del vars(pl_module)["setup"]
 
 
 def places_of(root: nn.Module, module: nn.Module) -> list[tuple[nn.Module, str]]:

@@ -63,8 +63,9 @@ Why it is shaped this way:
   One replaced in the model by another module runs uncached for the rest of the
   stage, with the same warning.
   A named module whose parameters require grad when it is cached is frozen with
-  a warning (:class:`FrozeTrainable`), and naming everything the fit would train
-  is refused; under a fine-tuning callback, one it leaves to train (or in train
+  a warning (:class:`FrozeTrainable`) — in a LightningModule with a ``setup()`` of its
+  own, once that has run, since it may freeze the module there — and naming everything
+  the fit would train is refused; under a fine-tuning callback, one it leaves to train (or in train
   mode) is left uncached, with a warning (:class:`Uncached`).
 - **A module that would run in train mode runs so, uncached**: a cached module
   runs in eval, so one its model would run in train mode (frozen by
@@ -133,6 +134,7 @@ from somatize_torch._lightning_errors import (
 )
 from somatize_torch._lightning_modules import (
     Found,
+    after_own_setup,
     cache_in_place,
     cached_elsewhere,
     check_trainable,
@@ -144,10 +146,12 @@ from somatize_torch._lightning_modules import (
     nested,
     nothing_left,
     own_cache_put_back,
+    own_setup_restored,
     pass_through,
     put_back_all,
     replaced,
     uncache,
+    waits_for_own_setup,
 )
 from somatize_torch._lightning_options import (
     check_flags,
@@ -371,7 +375,27 @@ class CacheFrozen(Callback):
         refused = nested(pl_module, [(name, found) for name, _, _, found in todo])
         if refused is not None:
             raise refused
-        left = check_trainable(trainer, pl_module, stage, todo)  # warns at what called this hook
+        # One requiring grad is looked at once the LightningModule's own `setup()` has run,
+        # which may freeze it; the tie of one it leaves to train is refused when fitting starts.
+        waiting = [one for one in todo if waits_for_own_setup(trainer, pl_module, one[3])]
+        todo = [one for one in todo if all(one is not other for other in waiting)]
+        self._cache(trainer, pl_module, stage, todo)  # warns at what called this hook
+        # What is not in place this stage (left uncached) is not kept for a later one.
+        kept = {name for name, _, _, _ in waiting} | set(self._found)
+        self._cached = {n: c for n, c in self._cached.items() if n in kept}
+        if waiting:
+            after_own_setup(pl_module, lambda: self._cache(trainer, pl_module, stage, waiting))
+
+    def _cache(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        stage: str,
+        todo: list[tuple[str, nn.Module, str, nn.Module]],
+    ) -> None:
+        """Caches the modules ``todo`` (each with its name, parent and attribute) in place,
+        each as it is now, but those :func:`check_trainable` leaves uncached."""
+        left = check_trainable(trainer, pl_module, stage, todo)
         if stage == "fit":  # nothing trains in validate, test or predict
             caching = [name for name, _, _, _ in todo if name not in left] + list(self._found)
             refuse_tied(pl_module, caching, CacheFrozenError)
@@ -380,8 +404,6 @@ class CacheFrozen(Callback):
                 pass_through(self, found)
             else:
                 cache_in_place(self, pl_module, name, found, fitting=stage == "fit")
-        # What is not in place this stage (left uncached) is not kept for a later one.
-        self._cached = {n: c for n, c in self._cached.items() if n in self._found}
 
     def _held_by_another(self, trainer: pl.Trainer) -> str | None:
         """The stage (``fit``, …) of a trainer other than ``trainer`` whose stage, still
@@ -744,6 +766,7 @@ class CacheFrozen(Callback):
         if self._held_by_another(trainer) is not None:
             return  # refused at setup: the stage under way is another's
         self._holder = None
+        own_setup_restored(pl_module)  # a stage whose LightningModule's `setup()` never ran
         self._key_as(None)  # the stage's own version, and its counts, end with it
         put_back_all(self, failed=False)
 
@@ -758,5 +781,6 @@ class CacheFrozen(Callback):
         self._holder = None
         # What the failed stage counted is nobody's, and not flushed: a write may be what failed.
         self._started, self._ended = {}, {}
+        own_setup_restored(pl_module)  # failed before the LightningModule's `setup()` ran
         self._key_as(None)
         put_back_all(self, failed=True)

@@ -637,6 +637,59 @@ def test_validating_a_module_named_that_requires_grad_warns_nothing(tmp_path: Pa
         trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).validate(Tuned(), loader())
 
 
+class FrozenInSetup(Probe):
+    """A probe whose encoder requires grad until its own ``setup()``, which Lightning runs
+    after the callbacks', freezes it there: by ``requires_grad_(False)`` and ``eval()``, or
+    by ``requires_grad_(False)`` alone (``how``), as in ``LeftInTrainMode``."""
+
+    def __init__(self, how: str) -> None:
+        super().__init__()
+        self.encoder.requires_grad_(True)
+        self.how = how
+
+    def setup(self, stage: str) -> None:
+        self.encoder.requires_grad_(False)
+        if self.how == "eval":
+            self.encoder.eval()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+
+@pytest.mark.parametrize("how", ["eval", "train"])
+def test_an_encoder_frozen_in_the_modules_own_setup_is_taken_as_frozen_before_fitting(
+    tmp_path: Path, how: str
+) -> None:
+    """An encoder a LightningModule freezes in its own ``setup()`` is looked at once that
+    has run, as one frozen before fitting: put in eval there, it is cached without a
+    warning; left in train mode, it runs uncached so, warned of as such (not as one that
+    would train). Either way the head trains as without the callback, and the encoder is
+    handed back frozen, in the modes a plain fit leaves it in."""
+
+    def fit(callbacks: list[pl.Callback]) -> FrozenInSetup:
+        model = FrozenInSetup(how)
+        run = trainer(tmp_path, 2, callbacks=callbacks, num_sanity_val_steps=1)
+        run.fit(model, loader(), loader(shuffle=False, seed=2))
+        return model
+
+    callback = CacheFrozen(None, ["encoder"])
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always", SomatizeWarning)
+        cached = fit([callback])
+    plain = fit([])
+    kinds = [type(w.message) for w in said if isinstance(w.message, SomatizeWarning)]
+    assert kinds == ([] if how == "eval" else [Uncached])
+    hits = [e.hit_rate for e in epochs(callback, "train")]
+    assert hits == ([0.0, 1.0] if how == "eval" else [])
+    assert not isinstance(cached.encoder, CachedRows) and not is_held(cached.encoder)
+    assert not any(p.requires_grad for p in cached.encoder.parameters())
+    modes = {name: m.training for name, m in cached.named_modules()}
+    assert modes == {name: m.training for name, m in plain.named_modules()}
+    assert not torch.equal(plain.head.weight, FrozenInSetup(how).head.weight)
+    assert torch.equal(cached.head.weight, plain.head.weight)
+    assert torch.equal(cached.encoder.norm.running_mean, plain.encoder.norm.running_mean)
+
+
 class Sampled(Probe):
     """Predicts with its dropout drawing (Monte Carlo dropout): every dropout of the model,
     the encoder's included, is put in train mode when predicting starts. Its encoder
