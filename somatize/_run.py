@@ -535,11 +535,19 @@ class _Run:
             raise
 
     def run_mapped(
-        self, plan: Plan, node: str, inputs: list[Any], ctx: Context, stacklevel: int = 4
+        self,
+        plan: Plan,
+        node: str,
+        inputs: list[Any],
+        ctx: Context,
+        stacklevel: int = 4,
+        shares: list[tuple[Any, Hashable, str]] | None = None,
     ) -> Any:
         """Runs the items of mapped ``node`` whose answers are not kept, recalls the rest,
         and says both (and drift, as :func:`somatize.engine._recalled` does: ``stacklevel``
-        is where the caller's forward is, seen from here)."""
+        is where the caller's forward is, seen from here). ``shares``: what it shares with
+        nodes running beside it on local workers (:meth:`hands_beside`), looked at again
+        once its items answered, before any is kept (:meth:`answered_beside`)."""
         static = plan.static
         preds = static.preds[node]
         for index, value in enumerate(inputs):
@@ -608,6 +616,8 @@ class _Run:
                         "out from item i in"
                     ),
                 )
+            if shares is not None:
+                self.answered_beside(plan, node, shares)
             self.emit(
                 {"fact": "ran", "node": node, "took_us": took, "items": len(missing), "of": count}
             )

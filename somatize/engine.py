@@ -187,7 +187,7 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                     there = worker in local and node not in static.mapped  # items: called here
                     shares = state.hands_beside(node, inputs, there, alongside)
                 if node in static.mapped:
-                    values[node] = state.run_mapped(plan, node, inputs, ctx, stacklevel=5)
+                    values[node] = state.run_mapped(plan, node, inputs, ctx, 5, shares)
                     continue
                 if worker is not None:
                     # Not asked of a worker once code of the graph moved (a node it reads may

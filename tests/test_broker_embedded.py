@@ -2667,3 +2667,63 @@ def test_nodes_failing_together_on_workers_are_each_said(monkeypatch: pytest.Mon
         other = "b" if e.value.node == "a" else "a"
         said = f"`{other}` (Fails) raised ZeroDivisionError"
         assert any(said in note for note in e.value.__notes__)
+
+
+class _SumsEachOnceWritten(Node):
+    """Sums each list item it is handed, mapped, once ``written`` is set (another branch
+    wrote into an item)."""
+
+    def __init__(self, written: threading.Event) -> None:
+        self.written = written
+
+    def declare(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, items: list[list[int]], ctx: Any) -> list[int]:
+        self.written.wait(10)
+        return [sum(item) for item in items]
+
+
+class _WritesIntoFirstItem(Node):
+    """Writes into the first item of the list it is handed, then sets ``written``."""
+
+    def __init__(self, written: threading.Event) -> None:
+        self.written = written
+
+    def declare(self) -> dict[str, Any]:
+        return {}
+
+    def forward(self, xs: list[list[int]], ctx: Any) -> int:
+        xs[0][0] = -100
+        self.written.set()
+        return len(xs)
+
+
+@pytest.mark.parametrize("where", ["here", "w1"])
+def test_a_keyed_mapped_node_whose_input_a_node_on_a_local_worker_writes_into_fails(
+    store: Store, where: str
+) -> None:
+    """A cached mapped node, run here or on a local worker, handed the very list a node on
+    another local worker is handed too, which writes into one of its items while the
+    mapped node's items run: the item answer computed from the written item was kept under
+    the key of the item as handed in, and recalled for it without the broker. The mapped
+    node fails, as a node that is not mapped does, and none of its items is kept."""
+    written = threading.Event()
+    sums = _SumsEachOnceWritten(written).named("sums").frozen().cached().mapped()
+    g = Graph.somatize(
+        Echo().named("start").frozen()
+        >> (
+            _WritesIntoFirstItem(written).named("writes").frozen().at("w2"),
+            sums.at(where) if where != "here" else sums,
+        )
+        >> Add().named("both").frozen()
+    )
+    broker = Broker.embedded(
+        {"w1": Worker.generic(mode="local"), "w2": Worker.generic(mode="local")}
+    )
+    seen: list[dict[str, Any]] = []
+    with pytest.raises(NodeFailed, match=r"`sums`.*ran at the same time as `writes`.*changed"):
+        g.forward([[1], [2], [3]], store=store, broker=broker, watching=seen.append)
+    assert _answers(store) == [] and not [f for f in seen if f["fact"] == "kept"]
+    assert {"fact": "failed", "node": "sums", "error": "ValueError"} in seen
+    assert g.forward([[1], [2], [3]], store=store, outputs="sums") == [1, 2, 3]
