@@ -2192,6 +2192,30 @@ def test_a_named_module_that_requires_grad_is_frozen_with_a_warning(tmp_path: Pa
     assert all(p.requires_grad for p in model.encoder.parameters())
 
 
+class TrainedWithASetup(Trained):
+    """Trains its encoder with its head, and has a ``setup()`` of its own that leaves it so."""
+
+    def setup(self, stage: str) -> None:
+        self.head.requires_grad_(True)
+
+
+def test_a_module_its_own_setup_leaves_requiring_grad_is_frozen_with_a_warning(
+    tmp_path: Path,
+) -> None:
+    """A named module that still requires grad once the LightningModule's own ``setup()``
+    has run is frozen for the fit with a warning naming its parameters, as one in a
+    LightningModule with no ``setup()`` is, and handed back requiring grad."""
+    model = TrainedWithASetup()
+    before = model.encoder.conv.weight.detach().clone()
+    callback = CacheFrozen(None, ["encoder"])
+    with pytest.warns(FrozeTrainable, match=r"\(`encoder`: `conv.weight`, `conv.bias`, `norm"):
+        trainer(tmp_path, 2, callbacks=[callback]).fit(model, loader())
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0]
+    assert torch.equal(model.encoder.conv.weight, before)
+    assert all(p.requires_grad for p in model.encoder.parameters())
+    assert "setup" not in vars(model)
+
+
 def test_naming_everything_the_fit_trains_is_refused(tmp_path: Path) -> None:
     """Naming the head by mistake would leave nothing to train: refused at setup, saying
     so, rather than at the first backward."""
