@@ -75,10 +75,11 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     modules (:func:`_globals_of`) too, built-in
     functions and classes by name, a ``functools.partial`` with the values it binds, a
     plain object held as a config (of a class written in Python, a ``SimpleNamespace``,
-    an ``argparse.Namespace``: ``self.config.flag``) by its class and its attributes.
+    an ``argparse.Namespace``: ``self.config.flag``) by its class and its attributes,
+    and a method bound to such a config (``self.act = scaler.apply``) with it.
     Other objects a module holds (torch's, numpy's, the standard library's: a logger, a
-    lock; one of a class written in C), and the object a method is bound to, are not
-    seen; one
+    lock; one of a class written in C), and the object a method is bound to where it is
+    no config, are not seen; one
     held inside a container is named by its type alone (``{"unseen": "module:Class"}``),
     so that the container's other items still key it. A container is followed however
     deep it is nested (one that holds itself names where it refers back to, ``{"cycle":
@@ -112,7 +113,8 @@ class SettingsWatch:
     ``OrderedDict`` too) by identity (``enc.scales[0] = 2.0``), all in one pass — a plain
     dict of many items by the version CPython keeps of it instead, where it can be read
     (:func:`_dict_versions`) —
-    each value a config a part holds keeps (in a list, tuple, dict or set too), and the
+    each value a config a part holds keeps (in a list, tuple, dict or set too), or the
+    config a method it keeps is bound to (``scaler.s = 3.0``), and the
     configs it holds in turn, five deep (``enc.config.flag = True``,
     ``enc.configs[0].flag = True``) likewise, each function so kept by its code, its
     defaults, what each cell it closes over holds (``k = 4.0`` rebound,
@@ -383,6 +385,10 @@ def _bound_in(
             # Each argument and keyword value too: a list it binds may be written into.
             keywords = value.keywords
             held: list[Any] = [value.func, *value.args, keywords, *keywords.values()]
+        elif isinstance(value, types.MethodType) and _bound_to_config(value):
+            seen.add(id(value))
+            # The config it is bound to too, whose values it reads (`scaler.s`).
+            held = [value.__func__, value.__self__]
         elif isinstance(value, types.FunctionType):
             seen.add(id(value))
             functions[id(value)] = value
@@ -722,6 +728,14 @@ def _setting(value: Any, path: Path) -> Any:
     return _callable(value, path)
 
 
+def _bound_to_config(method: types.MethodType) -> bool:
+    """Whether ``method`` is bound to a config (:func:`_config`, or an object whose class
+    declares ``__slots__``): one a module keeps (``self.act = scaler.apply``) reads it as
+    its forward would read it held."""
+    owner = method.__self__
+    return _config(owner) or bool(_slots_of(owner))
+
+
 def _config(value: Any) -> bool:
     """Whether ``value`` is a plain object a forward may read values of (a config, a
     ``SimpleNamespace``): as :mod:`somatize_torch._values` follows them."""
@@ -1038,7 +1052,11 @@ def _callable(value: Any, path: Path) -> Any:
             return {"cycle": len(path) - path.index(id(value))}
         return {"function": _code_of(value), **_bound_by(value, (*path, id(value)))}
     if isinstance(value, types.MethodType):
-        return {"function": _code_of(value)}
+        if not _bound_to_config(value):
+            return {"function": _code_of(value)}
+        # Bound to a config (`self.act = scaler.apply`): named as the function it runs and
+        # the config, which it reads as a forward reads one the module holds.
+        return {"method": _item(value.__func__, path), "of": _item(value.__self__, path)}
     if isinstance(value, types.BuiltinFunctionType):
         owner = value.__self__
         if owner is None or isinstance(owner, (type, types.ModuleType)):

@@ -63,6 +63,7 @@ from somatize_torch._settings import (
     _PLAIN_TYPES,
     _TORCH_OWN,
     _bound_in,
+    _dict_of,
     _dict_version,
     _items,
     _made_of,
@@ -586,7 +587,7 @@ class Values:
         self._made = [
             (i, _Made(_closed(value, keep=True)))
             for i, value in enumerate(self._values)
-            if isinstance(value, (types.FunctionType, functools.partial))
+            if isinstance(value, (types.FunctionType, functools.partial, types.MethodType))
         ]
         numpy = sys.modules.get("numpy")  # not imported: nothing read is one of its arrays
         self._arrays = [
@@ -731,13 +732,22 @@ class Values:
             if _same_closed(_closed(self._values[i]), made):
                 continue
             where = self.reads[i].where
-            what = (
-                f"what the partial `{where}` ({_shown(self._values[i])}) binds, or what its "
-                "function closes over,"
-                if isinstance(self._values[i], functools.partial)
-                else f"what the function `{where}` ({_shown(self._values[i])}) closes over, "
-                "or a default value of it,"
-            )
+            if isinstance(self._values[i], functools.partial):
+                what = (
+                    f"what the partial `{where}` ({_shown(self._values[i])}) binds, or what "
+                    "its function closes over,"
+                )
+            elif isinstance(self._values[i], types.MethodType):
+                what = (
+                    f"an attribute of the object the method `{where}` "
+                    f"({_shown(self._values[i])}) is bound to, or what its function closes "
+                    "over,"
+                )
+            else:
+                what = (
+                    f"what the function `{where}` ({_shown(self._values[i])}) closes over, "
+                    "or a default value of it,"
+                )
             raise WrapError(
                 f"{what} changed after `wrap` traced `{self.model}.forward`, which called it: "
                 "fx traced the function into the code the wrapped model runs with the values "
@@ -838,6 +848,16 @@ def _closed(function: Callable[..., Any], keep: bool = False) -> tuple[Any, ...]
         if isinstance(value, functools.partial):
             # What it binds, which `__setstate__` may replace whole.
             held += (value, value.func, value.args, value.keywords)
+        elif isinstance(value, types.MethodType):
+            # The object it is bound to, a config (`scaler.s`), by the table of what it
+            # holds: its own values, which the code read, were traced in as they were.
+            owner = value.__self__
+            table = _dict_of(owner) if _followed(owner) else None
+            held += (value, value.__func__, owner)
+            if table is not None and _dict_version is not None:
+                held += (table, _Versioned(_dict_version(table), _items(table) if keep else ()))
+            elif table is not None:
+                held += (table, *_items(table))
         elif type(value) is dict and _dict_version is not None:
             held += (value, _Versioned(_dict_version(value), _items(value) if keep else ()))
         elif isinstance(value, (list, dict, set)):

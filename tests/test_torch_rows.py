@@ -346,6 +346,50 @@ def test_a_config_held_in_a_list_changed_in_place_keys_rows_anew(store: Store) -
     cached.close()
 
 
+class Scaler:
+    """Scales what it is given by ``s``: a plain object whose method a module keeps."""
+
+    def __init__(self, s: float) -> None:
+        self.s = s
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.s
+
+
+class KeepsAMethod(OnALinear):
+    """Keeps the method of an object it was given (``self.act = scaler.apply``), and calls
+    it: the object is held through the method alone."""
+
+    def __init__(self, scaler: Scaler) -> None:
+        super().__init__()
+        self.act = scaler.apply
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.act(self.linear(x))
+        return out
+
+
+def test_a_value_the_object_of_a_kept_method_holds_changed_in_place_keys_rows_anew(
+    store: Store,
+) -> None:
+    """A value the object a module's kept method is bound to holds (``scaler.s``), changed
+    in place, keys every row anew at the next forward, as a config the module holds does:
+    computed as the module computes it now, never the rows kept for the old value; set
+    back, those are recalled."""
+    scaler = Scaler(2.0)
+    module = KeepsAMethod(scaler)
+    cached = cache_rows(module, store)
+    x = torch.randn(5, 6)
+    first = cached(x)
+    scaler.s = 3.0
+    scaled = cached(x)
+    assert cached.stats.computed == 10
+    assert torch.equal(scaled, expected(module, x)) and not torch.equal(scaled, first)
+    scaler.s = 2.0
+    assert torch.equal(cached(x), first) and cached.stats.computed == 10
+    cached.close()
+
+
 class Corners(torch.Tensor):
     """Boxes given by two corners."""
 

@@ -8239,6 +8239,48 @@ def test_a_wrapped_model_whose_frozen_part_calls_a_function_it_holds_is_pickled(
             assert copied.counts["encoder"]["recalled"] == 1
 
 
+class _Scaler:
+    """Scales what it is given by ``s``: a plain object whose method a model keeps."""
+
+    def __init__(self, s: float) -> None:
+        self.s = s
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.s
+
+
+@pytest.mark.parametrize("where", ["traced", "cached"])
+def test_a_value_the_object_of_a_kept_method_holds_changed_after_wrap_is_seen(
+    store: Store, where: str
+) -> None:
+    """A method a model keeps (``self.act = scaler.apply``) whose object's value
+    (``scaler.s``) changed in place after ``wrap``: called by the traced forward, which fx
+    traced into with the value it read then, the next call is refused, naming it, as a
+    function whose closed-over value changed is; kept by the cached encoder, it keys the
+    encoder's answers anew, computed as the model computes them now. Set back, the call
+    runs and answers as first."""
+    torch.manual_seed(0)
+    scaler = _Scaler(2.0)
+    if where == "traced":
+        model: nn.Module = CallsHeldFunction(scaler.apply)
+    else:
+        model = EncoderCallsHeldFunction(scaler.apply)
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        first = wrapped(x)
+        assert torch.equal(first, model(x))
+        scaler.s = 3.0
+        if where == "traced":
+            with pytest.raises(smt.WrapError, match=r"the method `act` .* is bound to"):
+                wrapped(x)
+        else:
+            assert torch.equal(wrapped(x), model(x))
+            assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2}
+        scaler.s = 2.0
+        assert torch.equal(wrapped(x), first)
+
+
 @pytest.mark.parametrize(
     "change",
     [
