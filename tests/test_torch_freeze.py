@@ -1356,6 +1356,34 @@ def _cached_calls(module: nn.Module, name: str, store: Store) -> Callable[[str],
     return ran
 
 
+class _Scaler:
+    """Scales what it is given by ``s``: a plain object whose method a module keeps."""
+
+    def __init__(self, s: float) -> None:
+        self.s = s
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.s
+
+
+def test_a_value_the_object_of_a_kept_method_holds_keys_a_module_nodes_answers(
+    store: Store,
+) -> None:
+    """A value the object a cached module's kept method is bound to holds
+    (``self.act = scaler.apply``, then ``scaler.s = 3.0``) keys the next call anew, as a
+    config the module holds does: computed as the module computes it now, never the
+    answer kept for the old value; set back, that one is recalled. A method bound to a
+    module is named by its code alone, as before."""
+    scaler = _Scaler(2.0)
+    ran = _cached_calls(Activated(scaler.apply), "act", store)
+    first = ran("ran")
+    scaler.s = 3.0
+    assert not torch.equal(ran("ran"), first)
+    scaler.s = 2.0
+    ran("recalled")
+    assert list(settings_of(Activated(nn.Linear(2, 2).forward))["act"]) == ["function"]
+
+
 @pytest.mark.parametrize("where", ["module", "config"])
 def test_a_numpy_array_written_in_place_is_seen_at_the_next_call(store: Store, where: str) -> None:
     """A numpy array a cached module keeps, itself or in a config it holds, written in
