@@ -14,8 +14,12 @@ looked up inside the compiled graph (:class:`CompiledSubmodule`).
 Caching freezes a module (a cached module runs without gradients), so
 :func:`check_trainable` looks at what the fit would train first: naming all of it is
 refused (a head named by mistake), and a named module whose parameters require grad
-is warned of (:class:`FrozeTrainable`). Under a fine-tuning callback it looks at the
-module as that callback leaves it (:func:`freeze_first`), and leaves uncached, with
+is warned of (:class:`FrozeTrainable`). In a LightningModule with a ``setup()`` of its
+own, which Lightning runs after the callbacks' and which may freeze it there, such a
+module is looked at and cached once that has run (:func:`waits_for_own_setup`,
+:func:`after_own_setup`), still before the strategy moves or wraps the model. Under a
+fine-tuning callback it looks at the module as that callback leaves it
+(:func:`freeze_first`), and leaves uncached, with
 a warning (:class:`Uncached`), one left to train or in train mode. Without one, the
 mode it would run in is known only as it is called, after the LightningModule's own hooks
 (``self.encoder.eval()`` at each batch's start) have asked theirs: a forward that finds it
