@@ -4,10 +4,12 @@ never take what is wanted; and the newest answer for a key is the one served."""
 from __future__ import annotations
 
 import errno
+import multiprocessing
 import os
 import threading
 import time
 import uuid
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +112,48 @@ def test_gc_spares_a_blob_put_again_while_it_ran(tmp_path: Path) -> None:
     collector.gc()
     fresh = LocalStore(tmp_path / "store")
     assert path.exists() and fresh.have([key_of(9)]) == {key_of(9)}
+
+
+def _gc_on_a_clock_apart(root: str, ahead: float, grace: float) -> tuple[int, int]:
+    """A gc in a process whose clock runs ``ahead`` seconds apart from the one that stamps
+    the store's files (a machine sharing the directory over NFS, whose server stamps them):
+    the blobs and abandoned writes it removed."""
+    real = time.time
+    time.time = lambda: real() + ahead
+    done = LocalStore(root).gc(grace=grace)
+    return done.blobs, done.abandoned
+
+
+@pytest.mark.parametrize("ahead", [300.0, -300.0])
+def test_a_gc_whose_clock_runs_apart_from_the_files_spares_writes_of_a_moment_ago(
+    tmp_path: Path, ahead: float
+) -> None:
+    """The grace a gc keeps is measured on the clock that stamps the store's files, not the
+    machine's own: a gc on a machine whose clock runs minutes ahead of a shared directory's
+    (an NFS server stamps the files its clients write) took a blob another process put a
+    moment ago, before it bound it, and a pack that process was writing in tmp/, for ones
+    written minutes ago, and removed them, so the bind was refused and the rows lost."""
+    root = tmp_path / "store"
+    writer = LocalStore(root)
+    data = b"a dataset, bound once it is all written"
+    digest = writer.put(data)
+    rows = writer.open_joined("plain")
+    rows.add([key_of(1), key_of(2)], b"row onerow two", [7, 7])
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as elsewhere:
+        assert elsewhere.submit(_gc_on_a_clock_apart, str(root), ahead, 60).result() == (0, 0)
+        rows.close()
+        writer.bind("data/v1", digest)
+        fresh = LocalStore(root)
+        assert bytes(fresh.get(fresh.resolve("data/v1"))) == data
+        got = fresh.recall_many([key_of(1), key_of(2)])
+        assert [bytes(got[key][1]) for key in (key_of(1), key_of(2))] == [b"row one", b"row two"]  # type: ignore[index]
+        # Once older than the grace by the files' clock, it goes, whichever way the
+        # machine's runs apart.
+        stray = writer.put(b"put, and never bound")
+        time.sleep(1.5)
+        assert elsewhere.submit(_gc_on_a_clock_apart, str(root), ahead, 1).result() == (1, 0)
+    assert not writer.has_blob(stray)
+    assert os.listdir(root / "tmp") == []
 
 
 @pytest.mark.parametrize("when", ["after its last look", "as it removes the blob"])

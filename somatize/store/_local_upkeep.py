@@ -20,6 +20,7 @@ import contextlib
 import errno
 import mmap
 import os
+import time
 from pathlib import Path
 from stat import S_ISREG
 
@@ -334,6 +335,26 @@ class LocalShelf(LocalFiles):
             return None
         except OSError as why:
             raise self._unreadable("blobs", why) from why
+
+    def _clock_ahead(self) -> float:
+        """How far this machine's clock runs ahead of the one that stamps the store's files,
+        which a gc weighs against its grace: a directory shared over a network filesystem
+        (NFS) has its files stamped by its server, and a gc on a machine minutes ahead would
+        take a blob another machine put a moment ago, not yet bound or referred to, or a
+        write it has in ``tmp/``, for one made minutes ago. Found from a file made in
+        ``tmp/`` and removed: the filesystem stamped it before this clock is read, so what
+        is found is never less than the lead, nor the grace shorter than asked. 0 where
+        ``tmp/`` cannot be written (a read-only store): the ages are then this machine's."""
+        with self._in_tmp(".clock") as name:
+            try:
+                with self._created(self._tmp + name) as probe:
+                    stamped = os.fstat(probe.fileno()).st_mtime
+            except OSError:
+                return 0.0
+            now = time.time()
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp + name)
+        return now - stamped
 
     def _flush_use(self) -> None:
         _write_uses(str(self.root), *self._take_uses())

@@ -466,8 +466,8 @@ class PackedHome(Store):
 
     def _clock_ahead(self) -> float:
         """Seconds this machine's clock runs ahead of the one that stamps the times of the
-        store's files (behind, where negative): a gc measures its grace on that one. A
-        local store's files are stamped by this machine's."""
+        store's files (behind, where negative): a gc measures its grace on that one. 0
+        here: a home that cannot tell takes them for stamped by this machine's."""
         return 0.0
 
     @abc.abstractmethod

@@ -446,10 +446,12 @@ def _collect(
     laid, strays = _blobs_among(shelf._entries("blobs"))
     blobs = {blob_digest(e.name): e for e in strays} if shelf._sweeps_strays else {}
     blobs.update(laid)
-    # Ages are measured on the clock that stamped the files (a bucket's server's), which
-    # the machine's own may run minutes apart from; where a blob is there to weigh against
-    # a grace (with none, a blob put this very second goes too).
-    ahead = shelf._clock_ahead() if blobs and grace else 0.0
+    # Ages are measured on the clock that stamped the files (a bucket's server's, that of a
+    # directory shared over NFS), which the machine's own may run minutes apart from; where
+    # a blob is there to weigh against a grace (with none, a blob put this very second goes
+    # too).
+    measured = bool(blobs and grace)
+    ahead = shelf._clock_ahead() if measured else 0.0
     now -= ahead
     out = Collected()
     pinned: set[str] = set()
@@ -522,6 +524,8 @@ def _collect(
     tmp_grace = grace if abandoned_after is None else abandoned_after
     writes = shelf._entries("tmp")
     own = shelf._own_writes()  # after the listing: every write it lists was noted before
+    if writes and tmp_grace and not measured:  # weighed against a grace, on the same clock
+        now = time.time() - shelf._clock_ahead()
     stale = [e for e in writes if now - e.mtime >= tmp_grace and e.name not in own]
     shelf._remove("tmp", [e.name for e in stale])
     out.abandoned = len(stale)
