@@ -156,6 +156,22 @@ def test_a_gc_whose_clock_runs_apart_from_the_files_spares_writes_of_a_moment_ag
     assert os.listdir(root / "tmp") == []
 
 
+def test_a_gc_whose_clock_runs_ahead_spares_the_first_write_of_a_store_holding_no_blob(
+    tmp_path: Path,
+) -> None:
+    """A store holding no blob yet, whose first pack another process is writing in tmp/, has
+    that write's age measured on the files' clock too, by a gc whose clock runs ahead."""
+    root = tmp_path / "store"
+    writer = LocalStore(root)
+    rows = writer.open_joined("plain")
+    rows.add([key_of(1), key_of(2)], b"row onerow two", [7, 7])
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as elsewhere:
+        assert elsewhere.submit(_gc_on_a_clock_apart, str(root), 300.0, 60).result() == (0, 0)
+    rows.close()
+    got = LocalStore(root).recall_many([key_of(1), key_of(2)])
+    assert [bytes(got[key][1]) for key in (key_of(1), key_of(2))] == [b"row one", b"row two"]  # type: ignore[index]
+
+
 @pytest.mark.parametrize("when", ["after its last look", "as it removes the blob"])
 def test_gc_spares_a_blob_put_again_and_referred_to_after_its_last_look(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
