@@ -172,6 +172,46 @@ def test_a_gc_whose_clock_runs_ahead_spares_the_first_write_of_a_store_holding_n
     assert [bytes(got[key][1]) for key in (key_of(1), key_of(2))] == [b"row one", b"row two"]  # type: ignore[index]
 
 
+class _Recalled:
+    """A dataset whose samples are answers it recalls from a store it holds, as a DataLoader
+    worker's copy of it does."""
+
+    def __init__(self, root: Path, keys: list[str]) -> None:
+        self.store = LocalStore(root)
+        self.keys = keys
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __getitem__(self, at: int) -> bytes:
+        return bytes(self.store.recall(self.keys[at])[1])
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn"])
+def test_a_dataloader_worker_writes_down_what_it_recalled_for_a_gc_elsewhere(
+    tmp_path: Path, start: str
+) -> None:
+    """A DataLoader worker that recalls answers through a store its dataset holds writes down
+    when it used them as it ends: it ends with os._exit where forked, which runs no atexit
+    handler, and a store it unpickled was never handed to one, so what it recalled every
+    epoch kept the time it was last written, and a gc elsewhere dropped it first."""
+    from torch.utils.data import DataLoader
+
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    used, unused = key_of(1), key_of(2)
+    costs = []
+    for key, hours in ((used, 2), (unused, 1)):  # the one the workers use is the older
+        kept = store.keep(key, f"the answer to {key[-1]}".encode(), "plain")
+        os.utime(store.answer_path(key), (time.time() - 3600 * hours,) * 2)
+        costs.append(store.answer_path(key).stat().st_size + kept.size)
+    loader = DataLoader(_Recalled(root, [used]), num_workers=1, multiprocessing_context=start)
+    assert list(loader) == [[b"the answer to 1"]]
+    one = max(costs)  # room for one answer, record and blob
+    assert LocalStore(root).gc(max_bytes=one, grace=0).answers == 1
+    assert LocalStore(root).have([used, unused]) == {used}
+
+
 @pytest.mark.parametrize("when", ["after its last look", "as it removes the blob"])
 def test_gc_spares_a_blob_put_again_and_referred_to_after_its_last_look(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str

@@ -10,8 +10,9 @@ it there, so one a writer publishes again under its name from that moment on is 
 file, never removed.
 
 When an answer was last used is written as the file time of its record or pack index
-(:func:`_write_uses`), in batches, on close and when the store is let go, so a recall
-costs no extra system call; ``gc`` evicts by it.
+(:func:`_write_uses`), in batches, on close, when the store is let go and as its process
+ends (a multiprocessing child too), so a recall costs no extra system call; ``gc`` evicts
+by it.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import mmap
+import multiprocessing.util
 import os
 import time
+import weakref
 from pathlib import Path
 from stat import S_ISREG
 
@@ -51,6 +54,18 @@ def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -
             # Gone meanwhile, or read-only: recency is advice, never an error.
             with contextlib.suppress(OSError):
                 os.utime(f"{root}{sep}{section}{sep}{shard}{hexed}", (when, when))
+
+
+_USERS: tuple[int, weakref.WeakSet[LocalShelf]] | None = None
+"""This process's id, and the local stores that noted uses in it: each writes them down as
+the process ends (:meth:`LocalShelf._written_down_at_exit`)."""
+
+
+def _write_down_at_exit(stores: weakref.WeakSet[LocalShelf]) -> None:
+    """Writes down when the answers ``stores`` recalled were used; advice, never an error."""
+    for store in list(stores):
+        with contextlib.suppress(Exception):
+            store._flush_use()
 
 
 def _hash_at(path: str) -> str:
@@ -358,6 +373,21 @@ class LocalShelf(LocalFiles):
 
     def _flush_use(self) -> None:
         _write_uses(str(self.root), *self._take_uses())
+
+    def _written_down_at_exit(self) -> None:
+        """The store is let go of at exit (a finalizer writes its uses down then), but a
+        multiprocessing child (a DataLoader worker) ends with os._exit, which runs no
+        atexit handler, and a store unpickled (the worker's copy of a dataset holding it)
+        was never handed to one: what such a worker recalled every epoch kept the time it
+        was last written, and a gc elsewhere took it for the least recently used. So the
+        first process to note a use registers a finalizer given an exit priority, which
+        multiprocessing runs as a child's target returns, as the interpreter does at exit."""
+        global _USERS
+        users = _USERS
+        if users is None or users[0] != os.getpid():  # a forked child forgot its parent's
+            users = _USERS = (os.getpid(), weakref.WeakSet())
+            multiprocessing.util.Finalize(None, _write_down_at_exit, (users[1],), exitpriority=0)
+        users[1].add(self)
 
     def _uses(self) -> dict[tuple[str, str], float]:
         return {}

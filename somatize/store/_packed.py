@@ -363,6 +363,9 @@ class PackedHome(Store):
 
     def _in_flight_nothing(self) -> None:
         """Starts with a lock of its own, and no writes or removals in flight."""
+        self._uses_since: float | None = None
+        """When the first use not yet written down was noted (None: none is); None afresh in
+        a copy or a forked child, whose first use is then handed to its exit."""
         self._lock = threading.RLock()
         """Guards the tables that follow against threads sharing the store: taken for every
         change and every walk over them, never across a read or write of a file. (When
@@ -415,8 +418,6 @@ class PackedHome(Store):
         """Key of a recalled answer → when, not yet written down."""
         self._used_packs: dict[str, float] = {}
         """Id of a pack with recalled items → when, likewise."""
-        self._uses_since: float | None = None
-        """When the first use not yet written down was noted (None: none is)."""
         self._forgets = 0
 
     # -- what a home provides ---------------------------------------------------------------
@@ -889,8 +890,14 @@ class PackedHome(Store):
         since = self._uses_since
         if since is None:
             self._uses_since = since = now
+            self._written_down_at_exit()
         if len(self._used) + len(self._used_packs) >= FLUSH_USES or now - since >= FLUSH_EVERY:
             self._flush_use()
+
+    def _written_down_at_exit(self) -> None:
+        """Has the uses noted from now on written down when this process ends, however it
+        ends short of being killed; called at the first use noted since they were last
+        written. A home that writes them nowhere (or only when asked) does nothing."""
 
     def _refresh_packs(self) -> bool:
         """Loads pack indexes written since the last look, and drops those gone; True if
