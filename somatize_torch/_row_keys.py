@@ -147,6 +147,7 @@ class _Keying:
         "room",
         "rowwise",
         "tag",
+        "unchecked",
         "version",
     )
 
@@ -174,6 +175,9 @@ class _Keying:
         # Whether the module was seen to answer a row alone as it did in a batch (see
         # `somatize_torch._rowwise._check_rowwise`): looked at once per keying.
         self.rowwise = False
+        # Whether rows were kept before that was seen (run in a batch of one row, or of
+        # copies of one): checked in the first batch of other rows that recalls them.
+        self.unchecked = False
         # Whether the module was seen to record no gradient of a batch that requires grad
         # under torch.no_grad (see `somatize_torch._rowwise._check_records_none`).
         self.records_none = False

@@ -36,7 +36,13 @@ from somatize_torch._modes import outside_compiled
 from somatize_torch._row_codec import decode_rows, empty_rows, laid_out, row_order
 from somatize_torch._row_errors import NotRowwise, RowsError
 from somatize_torch._row_keys import _Keying, _keying, _row_ids
-from somatize_torch._rowwise import _check_records_none, _compute, _in_eval, _still_keyed
+from somatize_torch._rowwise import (
+    _check_kept,
+    _check_records_none,
+    _compute,
+    _in_eval,
+    _still_keyed,
+)
 from somatize_torch.codec import TENSOR
 from somatize_torch.deferred import Deferred, DeferredRows
 from somatize_torch.digest import RowsQueued, raw_rows_queued
@@ -158,6 +164,8 @@ def _recall_or_run(
         keys = {p: keys[p] for p in positions} if keys else keyed(positions)
         found, refused = _from_store(self, keys, counts)
         positions = took(found, "store", positions)
+    if keying.unchecked and not keying.rowwise:
+        _check_kept(self, x, near, positions, keying, watch)
     if positions:
         if refused is not None:
             _refuse_unkeepable(self, refused, len(positions), count)
@@ -189,6 +197,8 @@ def _recall_or_run(
                 named = keys or keyed(once)  # named for the writer's lookup, as a rule
                 self._writer.submit([named[p] for p in once], rows)
             _admit(self, [near[p] for p in once], rows)
+            if not keying.rowwise:
+                keying.unchecked = True
         if len(once) < len(positions):
             slot = {p: i for i, p in enumerate(once)}
             rows = rows[torch.tensor([slot[first[near[p]]] for p in positions])]

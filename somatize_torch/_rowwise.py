@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections.abc import Hashable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
@@ -41,6 +42,9 @@ def _compute(
     keying: _Keying,
     watch: StateWatch | None,
 ) -> torch.Tensor:
+    """The module's answer on the rows of ``x`` at ``positions``; where the keying does not
+    know yet that the module answers each row alone, its first and last rows are checked
+    (:func:`_check_rowwise`)."""
     module = self.module
     if not _in_eval(self):  # one flag a part, not a walk naming every part, at each batch
         check_still(type(module).__name__, module)
@@ -54,6 +58,7 @@ def _compute(
         sub = x[torch.tensor(positions, dtype=torch.long, device=x.device)]
     # Taken before the forward, which may write into its input.
     ends = sub[:: len(positions) - 1].clone() if not keying.rowwise and len(positions) > 1 else None
+    alike = ends is not None and _copies_of_one(sub)
     try:
         with torch.no_grad():
             out: torch.Tensor = module(sub)
@@ -64,10 +69,23 @@ def _compute(
             # preallocated output) answers each row alone into that very buffer. The copy
             # is what is compared, kept and returned — once per keying.
             out = out.clone()
-            _check_rowwise(self, ends, out, keying, watch)
+            _check_rowwise(self, ends, out, keying, watch, alike)
     finally:
         self._node.ran()  # what its forward changed of what it keeps is its own
     return out
+
+
+def _copies_of_one(rows: torch.Tensor) -> bool:
+    """Whether every row of ``rows`` holds the bytes of the first (a sample drawn again and
+    again, a batch of zeros run to warm up): compared once per keying, where rows are
+    checked. Rows whose bytes torch cannot view (a quantized batch) are taken as other
+    rows, as they were before copies were told apart."""
+    try:
+        bits = rows.resolve_conj().resolve_neg().contiguous().view(torch.uint8)
+    except RuntimeError:
+        return False
+    bits = bits.reshape(len(rows), -1)
+    return bool((bits == bits[:1]).all())
 
 
 def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> None:
@@ -149,6 +167,7 @@ def _check_rowwise(
     out: torch.Tensor,
     keying: _Keying,
     watch: StateWatch | None,
+    alike: bool = False,
 ) -> None:
     """Refuses a module whose answer for a row depends on the other rows of its batch
     (attention or a recurrence along dimension 0, statistics of the batch): an answer
@@ -158,7 +177,10 @@ def _check_rowwise(
     computes rows. Both ends: along a recurrence or causal attention the last row sees
     the others, along a reversed one the first does. Kernels round differently for a
     batch of another size, so the two are compared within what rounding at the
-    precision the module runs in allows."""
+    precision the module runs in allows. A batch of copies of one row (``alike``) is
+    checked so too, but a module that answers a copy as it answers the row alone (a
+    mean over the batch taken off, attention along dimension 0) may answer a batch of
+    other rows otherwise: the keying is not taken as answering each row alone."""
     module = self.module
     limit = _rounding(self, ends, out)
     for which, at in (("first", 0), ("last", len(out) - 1)):
@@ -184,7 +206,34 @@ def _check_rowwise(
         if not _still_keyed(self, watch):
             return  # run with other weights than the batch: nothing seen, looked at again
         _refuse_mixing(self, which, len(out), got)
-    keying.rowwise = True
+    if not alike:
+        keying.rowwise = True
+
+
+def _check_kept(
+    self: CachedRows,
+    x: torch.Tensor | DeferredRows,
+    near: Sequence[Hashable],
+    positions: list[int],
+    keying: _Keying,
+    watch: StateWatch | None,
+) -> None:
+    """Checks that the module answers each row alone (:func:`_check_rowwise`) on a batch of
+    two rows or more of which at most one is to run, where the keying kept rows before it
+    knew: rows run in a batch of one row, or of copies of one, which a module that mixes
+    rows answers as it answers them alone, and which would be recalled beside other rows
+    as though answered among them. Two of the batch's rows are run together, and each
+    alone, once, as the check of rows computed would run them; a module that mixes rows
+    is refused (:class:`~somatize_torch.rows.NotRowwise`) before any is answered."""
+    first: dict[Hashable, int] = {}
+    for at in positions:
+        first.setdefault(near[at], at)
+    if len(first) > 1:
+        return  # two rows or more run: they are checked as they run
+    for at, row in enumerate(near):
+        first.setdefault(row, at)
+    if len(first) > 1:
+        _compute(self, x, list(first.values())[:2], keying, watch)
 
 
 def _still_keyed(self: CachedRows, watch: StateWatch | None) -> bool:

@@ -2366,6 +2366,48 @@ def test_a_module_that_mixes_rows_is_refused(store: Store) -> None:
     assert cache_rows(half)(rows).shape == (64, 64)
 
 
+class Centring(nn.Module):
+    """Takes the mean of its batch off each row: the same answer for a row alone and in a
+    batch of copies of it, another in a batch of other rows."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x - x.mean(0, keepdim=True)
+
+
+@pytest.mark.parametrize("first", ["alone", "copies"])
+@pytest.mark.parametrize("key", ["content", "index"])
+def test_rows_kept_before_mixing_could_be_seen_are_checked_in_a_batch_of_others(
+    store: Store, first: str, key: KeyMode
+) -> None:
+    """A module whose answer for a row depends on the rest of its batch, first handed a
+    batch of one row (a server's first request, a look at the output's shape) or of copies
+    of one row, shows nothing there to tell it from one that answers each row alone: its
+    rows are answered and kept. The first batch of two rows or more after, with at most
+    one row to run (the rest recalled), is refused (NotRowwise) rather than answered with
+    the answers of rows computed alone, and so is every one after; a module that answers
+    each row alone answers such a batch as uncached, checked once."""
+    version = "rows@1" if key == "index" else None
+    rows = torch.randn(3, 4)
+    mixing = cache_rows(Centring(), store, key=key, version=version)
+
+    def call(cache: CachedRows, at: list[int]) -> torch.Tensor:
+        index = torch.tensor(at)
+        return cache(rows[index], **({"index": index} if key == "index" else {}))
+
+    call(mixing, [0] if first == "alone" else [0, 0])
+    with pytest.raises(NotRowwise, match="depends on the other rows"):
+        call(mixing, [0, 1])
+    with pytest.raises(NotRowwise, match="depends on the other rows"):
+        call(mixing, [1, 2])  # no row kept from the refused batch, none recalled
+    mixing.close()
+    linear = nn.Linear(4, 2)
+    alone = cache_rows(linear, store, key=key, version=version)
+    call(alone, [0] if first == "alone" else [0, 0])
+    assert torch.allclose(call(alone, [0, 1]), expected(linear, rows[:2]), rtol=0, atol=1e-6)
+    assert torch.allclose(call(alone, [1, 2]), expected(linear, rows[1:]), rtol=0, atol=1e-6)
+    alone.close()
+
+
 def test_a_module_that_cannot_answer_one_row_alone_is_refused(store: Store) -> None:
     """A module that uses its batch's statistics even in eval (a BatchNorm that tracks
     none) raises when the check runs one row alone: that is refused as not answering each
