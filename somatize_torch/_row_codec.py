@@ -31,6 +31,7 @@ from somatize_torch.codec import (
 from somatize_torch.digest import memory_of
 
 __all__ = [
+    "batch_order",
     "decode_rows",
     "empty_rows",
     "encode_batch",
@@ -63,10 +64,27 @@ def row_order(rows: torch.Tensor) -> list[int] | None:
     return order if stored.is_contiguous() or _apart(stored) else None
 
 
+def batch_order(rows: torch.Tensor) -> list[int] | None:
+    """The order of the dims of batch ``rows`` in its memory, outermost first, the batch's
+    own among them: where the batch is dense in an order that puts another dim outside
+    the batch's (a module that runs along a sequence first and hands the batch back
+    transposed, each row's tokens a batch apart; a projection answered as ``(W @ x.T).T``),
+    that order, else :func:`row_order`'s. Rows are kept and written in their own order
+    whatever it is; a batch put together from them is laid out in it. A batch of one row
+    says nothing of where the batch's dim lies: :func:`row_order`'s."""
+    if rows.is_contiguous() or rows.shape[0] < 2:  # a batch torch calls contiguous: first
+        return row_order(rows)
+    strides = rows.stride()
+    order = sorted(range(rows.dim()), key=lambda d: (-strides[d], d))
+    if order[0] != 0 and rows.permute(order).is_contiguous():
+        return order
+    return row_order(rows)
+
+
 def laid_out(rows: torch.Tensor, order: list[int] | None) -> torch.Tensor:
-    """``rows`` with their dims in memory in ``order`` (:func:`row_order`; None: C order),
+    """``rows`` with their dims in memory in ``order`` (:func:`batch_order`; None: C order),
     copied only when they are not so already."""
-    if row_order(rows) == order and (order is not None or in_c_order(rows)):
+    if batch_order(rows) == order and (order is not None or in_c_order(rows)):
         return rows
     # Copied into C order, or into C order of the dims in `order`, by a clone: `contiguous`
     # hands back as they are rows that torch calls contiguous, whatever the strides of

@@ -33,7 +33,7 @@ from somatize.engine import Drifted
 from somatize.errors import SomatizeWarning
 from somatize.store.base import Corrupt, Missing, StoreError
 from somatize_torch._modes import outside_compiled
-from somatize_torch._row_codec import decode_rows, empty_rows, laid_out, row_order
+from somatize_torch._row_codec import batch_order, decode_rows, empty_rows, laid_out, row_order
 from somatize_torch._row_errors import NotRowwise, RowsError
 from somatize_torch._row_keys import _Keying, _keying, _row_ids
 from somatize_torch._rowwise import (
@@ -187,7 +187,11 @@ def _recall_or_run(
                 rows = rows[:1]  # the copies' answers are the first one's, checked
         computed += time.perf_counter() - began
         with self._tiers_lock:  # what a batch answered from memory is laid out as
-            orders[(rows.shape[1:], rows.dtype)] = row_order(rows)
+            # One row computed says nothing of where the module puts the batch's dim: the
+            # place a batch of more showed is kept.
+            kind = (rows.shape[1:], rows.dtype)
+            if len(rows) > 1 or kind not in orders:
+                orders[kind] = batch_order(rows)
         if _still_keyed(self, watch):
             # Queued for the store before they are kept in memory: a submit interrupted
             # while it waits for the writer (Ctrl-C) leaves them in no tier either, so the
@@ -507,9 +511,9 @@ _remember: Callable[..., Any] = outside_compiled(_recall_held)
 
 
 def _layout_of(x: torch.Tensor | DeferredRows) -> tuple[int, ...] | None:
-    """The order of the dims of batch ``x`` in memory (:func:`row_order`; None: C order,
+    """The order of the dims of batch ``x`` in memory (:func:`batch_order`; None: C order,
     or rows that are loaded only when computed)."""
-    order = row_order(x) if isinstance(x, torch.Tensor) else None
+    order = batch_order(x) if isinstance(x, torch.Tensor) else None
     return tuple(order) if order is not None else None
 
 

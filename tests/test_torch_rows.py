@@ -910,6 +910,63 @@ def test_recalled_rows_follow_the_layout_of_the_input_they_answer() -> None:
     assert cached.stats.computed == 8
 
 
+class SequenceFirst(nn.Module):
+    """A transformer layer whose dimension 0 is the sequence, handed and answering batches
+    with the batch first: its answer is a view transposed back, each row's tokens a batch
+    apart in memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.transpose(0, 1)).transpose(0, 1)
+
+
+class Projects(nn.Module):
+    """Answers ``(W @ x.T).T``: a batch whose rows are the columns of its memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(6, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.weight @ x.T).T
+
+
+@pytest.mark.parametrize("kind", ["sequence first", "projects", "transposed input"])
+def test_recalled_rows_are_laid_out_with_the_batch_where_the_module_puts_it(kind: str) -> None:
+    """A module answering a batch whose own dim is not outermost in its memory (a layer
+    run along the sequence first and transposed back, a projection answered as
+    ``(W @ x.T).T``, an identity handed a transposed batch) gets a batch recalled from
+    memory, whole or beside rows computed, laid out so: a head reading it (a linear layer
+    on columns in memory) then takes the path it takes on a miss, and answers the same
+    bits. A batch of one row computed alone leaves the place learned as it is."""
+    torch.manual_seed(0)
+    module: nn.Module
+    if kind == "sequence first":
+        module, data = SequenceFirst().eval(), torch.randn(12, 5, 8)
+    elif kind == "projects":
+        module, data = Projects(), torch.randn(12, 5)
+    else:
+        module, data = nn.Identity(), torch.randn(12, 5)
+
+    def batch_of(rows: torch.Tensor) -> torch.Tensor:
+        return rows.T.contiguous().T if kind == "transposed input" else rows
+
+    cached = cache_rows(module)
+    cached(batch_of(data[:8]))
+    cached(batch_of(data[8:9]))  # one row alone
+    for rows in (data[:8], data[2:10], data[:9]):  # recalled whole, beside rows computed
+        batch = batch_of(rows)
+        with torch.no_grad():
+            expected = module(batch)
+        out = cached(batch)
+        assert out.stride() == expected.stride()
+        assert torch.allclose(out, expected, atol=1e-6)
+    cached.close()
+
+
 def test_bf16_autocast_and_fp32_have_different_keys() -> None:
     """The autocast state the encoder runs under is part of every row's key."""
     cached = cache_rows(encoder())
