@@ -1,5 +1,6 @@
-"""What a row-cached module is called with: a batch, and its samples' indices where rows
-are keyed by them. Anything else is refused.
+"""What a row-cached module is called with: a batch (by place, or by the name the module's
+forward gives its input, as a text encoder is called: ``cached(input_ids=ids)``), and its
+samples' indices where rows are keyed by them. Anything else is refused.
 
 A row is keyed by its input alone (or by its index), so nothing else may reach the
 module: an argument beside the batch (``encoder(x, mask)``, ``encoder(x, scale=2)``)
@@ -18,6 +19,7 @@ on misses and silently stop on hits.
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -32,9 +34,39 @@ if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
 
 
+def _named_batch(self: CachedRows, more: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The batch handed by the name the module's forward gives its input
+    (``cached(input_ids=ids)``, as a text encoder is called), and the arguments beside it,
+    which :func:`_check_call` refuses; a call naming no such input is refused here."""
+    name = _input_name(self.module)
+    if name is None or name not in more:
+        given = ", ".join(f"`{k}=`" for k in more)
+        by_name = f" or by the name its forward gives it (`{name}=`)" if name else ""
+        raise RowsError(
+            f"`{type(self.module).__name__}` is cached per row and was called with {given} "
+            f"and no batch: hand it its batch by place (`cached(x)`){by_name}, and "
+            "nothing beside it"
+        )
+    rest = dict(more)
+    return rest.pop(name), rest
+
+
+def _input_name(module: torch.nn.Module) -> str | None:
+    """The name ``module``'s forward gives its first input, where a call may give it by
+    name; None where its signature cannot be read or names none so."""
+    try:
+        parameters = inspect.signature(module.forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    first = next(iter(parameters), None)
+    if first is None or first.kind not in (first.POSITIONAL_OR_KEYWORD, first.KEYWORD_ONLY):
+        return None
+    return first.name
+
+
 def _check_call(
     self: CachedRows,
-    x: torch.Tensor | DeferredRows,
+    x: torch.Tensor | DeferredRows | None,
     beside: tuple[Any, ...],
     index: torch.Tensor | None,
     more: dict[str, Any],

@@ -76,7 +76,7 @@ from somatize_torch._modes import marked_as_needed
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
 from somatize_torch._row_ahead import _name_ahead
-from somatize_torch._row_calls import _check_call
+from somatize_torch._row_calls import _check_call, _named_batch
 from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError
 from somatize_torch._row_keys import (
     KeyMode,
@@ -415,7 +415,7 @@ class CachedRows(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor | DeferredRows,
+        x: torch.Tensor | DeferredRows | None = None,
         *beside: Any,
         index: torch.Tensor | None = None,
         **more: Any,
@@ -423,8 +423,12 @@ class CachedRows(nn.Module):
         """The module's output on ``x``, row by row from the nearest copy; see the class.
 
         ``index`` is keyword-only: a second positional argument (``encoder(x, mask)``) is
-        one the module would take, and is refused as every other argument is."""
+        one the module would take, and is refused as every other argument is. The batch
+        may go by the name the module's forward gives it (``cached(input_ids=ids)``)."""
+        if x is None and more:
+            x, more = _named_batch(self, more)
         _check_call(self, x, beside, index, more)
+        assert x is not None  # refused there, as no batch tensor
         if isinstance(x, nn.Parameter):
             # A parameter handed on: keyed and run as its values (still requiring grad for
             # a trainable one, taken where no gradient is recorded, and looked at as such).

@@ -2586,6 +2586,46 @@ def test_a_module_running_uncached_takes_deferred_rows_by_name(tmp_path: Path) -
         assert torch.equal(mine, theirs)
 
 
+class _Pixels(Encoder):
+    """An encoder whose forward names its input as an image model's does."""
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return super().forward(pixel_values)
+
+
+class _ByItsName(Probe):
+    """Hands its encoder the batch by the name the encoder's forward gives it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = _Pixels().requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            features = self.encoder(pixel_values=x)
+        return self.head(features)
+
+
+def test_a_cached_module_takes_its_batch_by_the_name_its_forward_gives_it(
+    tmp_path: Path,
+) -> None:
+    """A LightningModule calling its encoder with the batch by name
+    (``self.encoder(pixel_values=x)``, as image and text models are called) has it cached
+    as one called by place: epoch 2 recalls every row, and the head trains exactly as
+    without the callback."""
+    models = []
+    for cached in (True, False):
+        callback = CacheFrozen(None, ["encoder"])
+        run = trainer(tmp_path, 2, callbacks=[callback] if cached else [])
+        run.fit(model := _ByItsName(), loader(shuffle=True))
+        models.append(model)
+        if cached:
+            assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0]
+    for mine, theirs in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+
+
 class _CopiesMidStage(pl.Callback):
     """Saves the model, and copies its backbone, at the stage's first batch."""
 

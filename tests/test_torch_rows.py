@@ -1094,6 +1094,44 @@ def test_other_arguments_are_refused(cached: CachedRows) -> None:
         cached(images(2), mask=torch.ones(2))
 
 
+class Tokens(nn.Module):
+    """A text encoder called as text encoders are, its inputs by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(50, 4)
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        h = self.embedding(input_ids)
+        if attention_mask is not None:
+            h = h * attention_mask[..., None]
+        return h.sum(1)
+
+
+def test_the_batch_goes_by_the_name_the_modules_forward_gives_it(store: Store) -> None:
+    """A batch handed by the name the module's forward gives its input
+    (``cached(input_ids=ids)``, as a text encoder is called) is the batch, keyed and
+    recalled as one handed by place; another argument beside it, by name, is refused as
+    one beside a batch handed by place is, and a call naming no input of the module's is
+    refused with what to do (RowsError), where both failed with a TypeError naming the
+    cache's own forward."""
+    torch.manual_seed(0)
+    module = Tokens()
+    ids = torch.randint(0, 50, (4, 7))
+    cached = cache_rows(module, store)
+    assert torch.equal(cached(input_ids=ids), expected(module, ids))
+    assert torch.equal(cached(ids), expected(module, ids))
+    assert cached.stats.computed == 4 and cached.stats.recalled == 4
+    mask = torch.ones_like(ids)
+    with pytest.raises(RowsError, match="called with `attention_mask=` beside its batch"):
+        cached(input_ids=ids, attention_mask=mask)
+    with pytest.raises(RowsError, match=r"`tokens=`.*no batch.*`input_ids=`"):
+        cached(tokens=ids)
+    cached.close()
+
+
 def test_a_second_positional_argument_is_refused_not_taken_for_the_index(
     cached: CachedRows,
 ) -> None:
