@@ -413,33 +413,39 @@ def waits_for_own_setup(
     return any(p.requires_grad for p in module.parameters())
 
 
-def after_own_setup(pl_module: pl.LightningModule, then: Callable[[], None]) -> None:
+def after_own_setup(
+    pl_module: pl.LightningModule, callback: CacheFrozen, then: Callable[[], None]
+) -> None:
     """Has ``then`` called once the LightningModule's own ``setup()`` has run — the next
     hook Lightning calls after the callbacks' ``setup()``, before ``configure_model()``,
     the optimizers and the strategy's move or wrap of the model — and no more: the method is
     put on the LightningModule itself for that one call (:func:`own_setup_restored`
-    takes it off a stage that failed first)."""
-    own_setup_restored(pl_module)  # one a stage that failed left there
-    own = pl_module.setup
-
-    def setup(*args: Any, **kwargs: Any) -> Any:
-        own_setup_restored(pl_module)
-        done = own(*args, **kwargs)
-        then()
-        return done
-
-    vars(pl_module)["setup"] = _ThenLook(setup)
+    takes it off a stage that failed first). Each callback waiting is called in turn, in
+    the order they asked: a second CacheFrozen's wait does not take away the first's, whose
+    modules would have been left uncached, unsaid; one callback asking again (a stage
+    that failed left its wait there) replaces what it asked before."""
+    waiting = vars(pl_module).get("setup")
+    if not isinstance(waiting, _ThenLook):
+        waiting = _ThenLook(pl_module)
+        vars(pl_module)["setup"] = waiting
+    waiting.thens[callback] = then
 
 
 class _ThenLook:
     """The ``setup()`` :func:`after_own_setup` puts on a LightningModule: its own, then the
-    callback's look."""
+    looks of the callbacks waiting for it."""
 
-    def __init__(self, setup: Callable[..., Any]) -> None:
-        self.setup = setup
+    def __init__(self, pl_module: pl.LightningModule) -> None:
+        self.pl_module = pl_module
+        self.own = pl_module.setup
+        self.thens: dict[CacheFrozen, Callable[[], None]] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.setup(*args, **kwargs)
+        own_setup_restored(self.pl_module)
+        done = self.own(*args, **kwargs)
+        for then in self.thens.values():
+            then()
+        return done
 
 
 def own_setup_restored(pl_module: pl.LightningModule) -> None:

@@ -384,7 +384,9 @@ class CacheFrozen(Callback):
         kept = {name for name, _, _, _ in waiting} | set(self._found)
         self._cached = {n: c for n, c in self._cached.items() if n in kept}
         if waiting:
-            after_own_setup(pl_module, lambda: self._cache(trainer, pl_module, stage, waiting))
+            after_own_setup(
+                pl_module, self, lambda: self._cache(trainer, pl_module, stage, waiting)
+            )
 
     def _cache(
         self,

@@ -2216,6 +2216,45 @@ def test_a_module_its_own_setup_leaves_requiring_grad_is_frozen_with_a_warning(
     assert "setup" not in vars(model)
 
 
+class TwoFrozenInSetup(Probe):
+    """A probe with two encoders, each requiring grad until its own ``setup()`` freezes it
+    and puts it in eval, each named to a CacheFrozen of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder.requires_grad_(True)
+        self.other = Encoder().requires_grad_(True)
+
+    def setup(self, stage: str) -> None:
+        for encoder in (self.encoder, self.other):
+            encoder.requires_grad_(False).eval()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            features = self.encoder(x) + self.other(x)
+        return self.head(features)
+
+
+def test_two_callbacks_each_cache_a_module_frozen_in_the_modules_own_setup(
+    tmp_path: Path,
+) -> None:
+    """Two CacheFrozen, each naming a module the LightningModule freezes in its own
+    ``setup()``, each cache theirs once that has run: the second's wait for that
+    ``setup()`` does not take the first's away, leaving its module uncached unsaid."""
+    model = TwoFrozenInSetup()
+    first = CacheFrozen(tmp_path / "first", ["encoder"])
+    second = CacheFrozen(tmp_path / "second", ["other"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SomatizeWarning)
+        trainer(tmp_path, 2, callbacks=[first, second]).fit(model, loader())
+    assert [e.hit_rate for e in epochs(first, "train")] == [0.0, 1.0]
+    assert [e.hit_rate for e in epochs(second, "train")] == [0.0, 1.0]
+    assert "setup" not in vars(model)
+
+
 def test_naming_everything_the_fit_trains_is_refused(tmp_path: Path) -> None:
     """Naming the head by mistake would leave nothing to train: refused at setup, saying
     so, rather than at the first backward."""
