@@ -428,7 +428,7 @@ def after_own_setup(
     if not isinstance(waiting, _ThenLook):
         waiting = _ThenLook(pl_module)
         vars(pl_module)["setup"] = waiting
-    waiting.thens[callback] = then
+    waiting.thens[id(callback)] = then  # by id: a copy of the LightningModule copies no callback
 
 
 class _ThenLook:
@@ -438,7 +438,7 @@ class _ThenLook:
     def __init__(self, pl_module: pl.LightningModule) -> None:
         self.pl_module = pl_module
         self.own = pl_module.setup
-        self.thens: dict[CacheFrozen, Callable[[], None]] = {}
+        self.thens: dict[int, Callable[[], None]] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         own_setup_restored(self.pl_module)
