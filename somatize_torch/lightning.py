@@ -95,6 +95,7 @@ caching in place and putting back the named submodules
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import time
 import warnings
@@ -385,8 +386,38 @@ class CacheFrozen(Callback):
         self._cached = {n: c for n, c in self._cached.items() if n in kept}
         if waiting:
             after_own_setup(
-                pl_module, self, lambda: self._cache(trainer, pl_module, stage, waiting)
+                pl_module,
+                self,
+                functools.partial(self._cache_found_again, trainer, pl_module, stage, waiting),
             )
+
+    def _cache_found_again(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        stage: str,
+        waiting: list[tuple[str, nn.Module, str, nn.Module]],
+    ) -> None:
+        """Caches the modules ``waiting`` once the LightningModule's own ``setup()`` has run,
+        each found again by its name, as at setup: another CacheFrozen waiting beside this
+        one may have cached it first (refused, as one cached elsewhere is, rather than cached
+        again inside that cache), and that ``setup()`` may have put another module in its
+        place, the one the fit runs."""
+        todo: list[tuple[str, nn.Module, str, nn.Module]] = []
+        for name, _, _, _ in waiting:
+            parent, attribute, found = find(pl_module, name)
+            if isinstance(found, CachedRows):
+                if all(found is not cached for cached in self._cached.values()):
+                    raise cached_elsewhere(name)
+                continue  # ours already (the LightningModule put it there again)
+            refused = fixed_by_wrap(pl_module, name, found)
+            if refused is not None:
+                raise refused
+            todo.append((name, parent, attribute, found))
+        refused = nested(pl_module, [(name, found) for name, _, _, found in todo])
+        if refused is not None:
+            raise refused
+        self._cache(trainer, pl_module, stage, todo)
 
     def _cache(
         self,

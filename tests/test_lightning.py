@@ -2255,6 +2255,50 @@ def test_two_callbacks_each_cache_a_module_frozen_in_the_modules_own_setup(
     assert "setup" not in vars(model)
 
 
+class ReplacedInSetup(Probe):
+    """A probe whose encoder, requiring grad, its own ``setup()`` replaces with another,
+    frozen and in eval (one loaded from a checkpoint there)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder.requires_grad_(True)
+
+    def setup(self, stage: str) -> None:
+        if not isinstance(self.encoder, CachedRows):
+            self.encoder = Encoder().requires_grad_(False).eval()
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+
+def test_an_encoder_the_modules_own_setup_replaces_is_cached_as_it_put_it(
+    tmp_path: Path,
+) -> None:
+    """A module the LightningModule's own ``setup()`` puts in place of the one named is
+    the one cached, as found then: frozen there, with no warning, where the one it
+    replaced was warned of as frozen for the fit (FrozeTrainable) though nothing ran it,
+    and the one put in its place ran uncached."""
+    model = ReplacedInSetup()
+    callback = CacheFrozen(None, ["encoder"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SomatizeWarning)
+        trainer(tmp_path, 2, callbacks=[callback]).fit(model, loader())
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0]
+    assert type(model.encoder) is Encoder and not is_held(model.encoder)
+    assert not any(p.requires_grad for p in model.encoder.parameters())
+
+
+def test_two_callbacks_naming_a_module_frozen_in_the_modules_own_setup_are_refused(
+    tmp_path: Path,
+) -> None:
+    """Two CacheFrozen naming the same module, which the LightningModule freezes in its own
+    ``setup()``, are refused once that has run, as they are for one frozen before fitting:
+    the second does not cache the module inside the first's cache, nor leave it unsaid."""
+    callbacks = [CacheFrozen(tmp_path / "first", ["encoder"]), CacheFrozen(None, ["encoder"])]
+    with pytest.raises(CacheFrozenError, match="`encoder` is cached per row already"):
+        trainer(tmp_path, 1, callbacks=callbacks).fit(FrozenInSetup("eval"), loader())
+
+
 def test_naming_everything_the_fit_trains_is_refused(tmp_path: Path) -> None:
     """Naming the head by mistake would leave nothing to train: refused at setup, saying
     so, rather than at the first backward."""
