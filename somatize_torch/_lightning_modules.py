@@ -447,6 +447,12 @@ class _ThenLook:
             then()
         return done
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copy of the LightningModule (torch.save of it whole, copy.deepcopy) made while
+        # this waits gets its own ``setup()`` instead: the callbacks waiting, their trainer
+        # and store are not copied with it, nor is what they would cache the copy's.
+        return getattr, (self.pl_module, "setup")
+
 
 def own_setup_restored(pl_module: pl.LightningModule) -> None:
     """Takes the ``setup()`` :func:`after_own_setup` put on ``pl_module`` off it, where it

@@ -2255,6 +2255,34 @@ def test_two_callbacks_each_cache_a_module_frozen_in_the_modules_own_setup(
     assert "setup" not in vars(model)
 
 
+class SavesTheModel(pl.Callback):
+    """Saves the whole LightningModule in its own ``setup()``, a copy of it as it is then."""
+
+    def __init__(self) -> None:
+        self.saved = io.BytesIO()
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        torch.save(pl_module, self.saved)
+
+
+def test_a_module_waiting_for_its_own_setup_is_saved_whole_without_the_wait(
+    tmp_path: Path,
+) -> None:
+    """A LightningModule a callback saves whole (``torch.save``) while a CacheFrozen waits
+    for its own ``setup()`` is saved, and loads as it was but for the wait: calling the
+    copy's ``setup()`` runs its own and caches nothing."""
+    model = FrozenInSetup("eval")
+    callback, saving = CacheFrozen(None, ["encoder"]), SavesTheModel()
+    trainer(tmp_path, 1, callbacks=[callback, saving]).fit(model, loader())
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0]
+    saving.saved.seek(0)
+    copy = torch.load(saving.saved, weights_only=False)
+    assert copy.encoder.conv.weight.requires_grad
+    copy.setup("fit")
+    assert type(copy.encoder) is Encoder and not copy.encoder.conv.weight.requires_grad
+    assert len(callback.history) == 1
+
+
 class ReplacedInSetup(Probe):
     """A probe whose encoder, requiring grad, its own ``setup()`` replaces with another,
     frozen and in eval (one loaded from a checkpoint there)."""
