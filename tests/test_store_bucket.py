@@ -1562,6 +1562,22 @@ def test_a_store_in_an_archive_is_read_only_and_says_so(tmp_path: Path, archive:
         store.put(b"features")
 
 
+@pytest.mark.parametrize("grace", [0.0, 60.0])
+def test_a_gc_of_a_store_in_an_archive_says_it_is_only_read(tmp_path: Path, grace: float) -> None:
+    """A gc of a store opened inside an archive is a StoreError saying the store is in an
+    archive, which is only read, before it removes or writes anything: it failed with an
+    empty NotImplementedError from fsspec as it removed what it found, or, with a grace,
+    with the error of the file it writes to read the store's clock."""
+    key = key_of("features")
+    Store(f"file://{tmp_path / 'store'}").keep(key, b"features", "plain")
+    packed = shutil.make_archive(str(tmp_path / "packed"), "zip", tmp_path, "store")
+    store = Store(f"zip://store::file://{packed}")
+    said = "cannot collect garbage in zip://store::file://.*: the store is in a zip archive"
+    with pytest.raises(StoreError, match=said):
+        store.gc(max_bytes=0, grace=grace)
+    assert bytes(store.recall(key)[1]) == b"features"
+
+
 @pytest.mark.parametrize("name", ["missing.zip", ""])
 def test_an_archive_that_cannot_be_opened_is_a_store_error(tmp_path: Path, name: str) -> None:
     """A store opened in an archive that is not there, or at a folder, is a StoreError

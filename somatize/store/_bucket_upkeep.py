@@ -99,6 +99,11 @@ class BucketShelf(BucketRequests):
         grace: float = 60.0,
         progress: Progress | None = None,
     ) -> Collected:
+        # Refused before anything is listed, removed or written (the file that reads the
+        # store's clock): an archive's files are not removed.
+        archived = self._in_archive("collect garbage in")
+        if archived is not None:
+            raise archived
         done = super().gc(max_bytes, grace=grace, progress=progress)
         aborted, freed = self._abort_uploads(max(grace, _UPLOADS_GRACE))
         done.abandoned += aborted
