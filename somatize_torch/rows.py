@@ -240,6 +240,9 @@ class CachedRows(nn.Module):
         # Held by a call that holds the module frozen for itself once it is handed back: a
         # second thread's call would find it held, and, ending last, leave it so.
         self._held_for_call = ProcessLock()
+        # Whether `freeze_again` was asked inside the call that holds it, on its thread: made
+        # once that call has put the module back as it found it.
+        self._freeze_after_call = False
         # The modes asked of the module and its parts as they stood when `eval()` was last
         # asked of this cache: until `train()` is asked, the flag set back directly (as
         # Lightning sets each module's back after an evaluation) undoes those asked since.
@@ -487,13 +490,21 @@ class CachedRows(nn.Module):
         rows anew. The mode asked of the wrapper is the module's own again; the memory
         tiers keep what they held. A call of the cache handed back running on another
         thread is waited for: it puts the module back as it found it as it ends, which
-        would undo this freeze."""
+        would undo this freeze; so is one running on this thread (code the module's forward
+        runs asked it), which makes the freeze as it ends."""
+        if self._held_for_call.held_here():
+            self._freeze_after_call = True
+            return
         with self._held_for_call:
-            self._asked_at_eval, self._evaluating = None, False
-            self.training = self.module.training
-            hold(self.module)
-            self._watch = None
-            self._handed_back = False
+            self._freeze()
+
+    def _freeze(self) -> None:
+        """:meth:`freeze_again`'s work, done holding ``_held_for_call``."""
+        self._asked_at_eval, self._evaluating = None, False
+        self.training = self.module.training
+        hold(self.module)
+        self._watch = None
+        self._handed_back = False
 
     def hand_back(self) -> None:
         """Says that the module is its model's again: put back in place of this cache as it
@@ -515,9 +526,15 @@ class CachedRows(nn.Module):
         if not self._handed_back:
             yield
             return
-        with self._held_for_call, held_while(self.module):
-            _settle(self, again=True, thorough=True)
-            yield
+        with self._held_for_call:
+            try:
+                with held_while(self.module):
+                    _settle(self, again=True, thorough=True)
+                    yield
+            finally:
+                if self._freeze_after_call:  # asked inside the call, now put back
+                    self._freeze_after_call = False
+                    self._freeze()
 
     def flush(self) -> None:
         """Waits until every computed row is in the store; :class:`WriteFailed` if some

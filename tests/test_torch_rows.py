@@ -2023,6 +2023,26 @@ def test_freeze_again_while_a_handed_back_call_runs_leaves_the_module_frozen() -
     assert torch.equal(out, expected(module, x))
 
 
+def test_freeze_again_inside_a_handed_back_call_freezes_the_module_as_the_call_ends() -> None:
+    """``freeze_again`` asked inside a call of the cache handed back, on the thread making
+    it (by code its module's forward runs), freezes the module once the call has put it
+    back as its model had it: the call, ending after, left it training and requiring grad,
+    so the next call refused it as unfrozen."""
+    module = Midway()
+    cached = cache_rows(module)
+    cached(torch.randn(2, 4))
+    cached.hand_back()
+    release(module)  # its model's again, in train mode, trained
+    module.train().requires_grad_(True)
+    _MIDWAY.append(cached.freeze_again)
+    x = torch.randn(3, 4)
+    out = cached(x)
+    assert is_held(module) and not any(part.training for part in module.modules())
+    assert not any(p.requires_grad for p in module.parameters())
+    assert torch.equal(cached(x), out)
+    assert torch.equal(out, expected(module, x))
+
+
 def test_a_cache_handed_back_called_on_two_threads_leaves_its_module_as_it_was(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
