@@ -89,6 +89,7 @@ import torch
 from torch import nn
 
 from somatize import Graph, Node, Store, Unsettled
+from somatize._threads import ProcessLock
 from somatize.engine import Record
 from somatize.memory import settled
 from somatize.node import Expr
@@ -134,11 +135,12 @@ __all__ = [
 
 Names = bool | str | Iterable[str] | Mapping[str, str | None]
 
-_COUNTING = threading.Lock()
+_COUNTING = ProcessLock()
 """Held while a call counts its facts into ``counts`` and the graph's record: each adds
 to what it reads there, and a call of another thread adding between the read and the
 write would be lost. One for every wrapped model (a lock is not pickled), held for a
-few dict writes a call."""
+few dict writes a call; a child forked while a thread held it (a DataLoader worker) gets
+it unheld, where it would wait for good on a thread that is not there."""
 
 
 # ------------------------------------------------------------------------------ nodes

@@ -358,6 +358,39 @@ def test_calls_from_several_threads_lose_no_count(store: Store) -> None:
     assert dict(wrapped.counts["encoder"]) == {"ran": 1, "kept": 1, "recalled": 2}
 
 
+def _counts_in_child(wrapped: smt.Wrapped, x: torch.Tensor) -> dict[str, int]:
+    wrapped(x)
+    return dict(wrapped.counts["encoder"])
+
+
+def _hold(lock: Any, held: threading.Event, done: threading.Event) -> None:
+    with lock:
+        held.set()
+        done.wait(30)
+
+
+def test_a_child_forked_while_a_thread_counts_calls_its_wrapped_model(store: Store) -> None:
+    """A child forked while another thread of its parent was counting a call (a DataLoader
+    worker forked as a thread runs the model) counts its own calls: the lock held over the
+    counts is its own there, where it waited for good on one nobody in it would let go."""
+    from somatize_torch.wrap import _COUNTING
+    from tests.forked import in_forked_child
+
+    wrapped = _wrapped(store)
+    x = torch.randn(4, 6)
+    wrapped(x)
+    held, done = threading.Event(), threading.Event()
+    holder = threading.Thread(target=_hold, args=(_COUNTING, held, done))
+    holder.start()
+    try:
+        assert held.wait(10)
+        counted = in_forked_child(_counts_in_child, wrapped, x, timeout=30)
+        assert counted == {"ran": 1, "kept": 1, "recalled": 1}
+    finally:
+        done.set()
+        holder.join()
+
+
 def test_release_refuses_what_it_cannot_release(store: Store) -> None:
     """``release`` takes a module, and the module of a row cache, not the cache: each
     refused saying what to pass."""
