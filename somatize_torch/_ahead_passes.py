@@ -343,14 +343,34 @@ class _Fetching(_Pass[T]):
                 self.failed = error
                 break
             self.fetched += 1
+            known = ahead.reuses
             ahead._look_for_reuse(ahead_of, behind, item, len(self.taken))
             names: list[_Name] = []
+            if ahead.reuses:
+                if not known:
+                    self._let_go_refilled()
+                # The next fetch may fill this batch again before its forward (a loop that
+                # fetches before its step), behind torch's back as likely as not: its
+                # forward names it.
+                self.waiting.append((item, None, names))
+                continue
             try:
                 ahead._name(item, names)
             except Exception as chosen:  # from inputs=: naming itself raises nothing here
                 self.waiting.append((item, chosen, names))
             else:
                 self.waiting.append((item, None, names))
+
+    def _let_go_refilled(self) -> None:
+        """Lets go of the names made for the batches fetched and not taken yet, and for
+        those handed out, once the loader is seen filling one of them again: a batch filled
+        through a new tensor over its memory (``torch.from_numpy`` of one buffer) moved no
+        version counter, so its forward would take the names of what it held before."""
+        for _, _, names in self.waiting:
+            _let_go(names)
+            names.clear()
+        _let_go([name for _, name in self.named])
+        self.named.clear()
 
 
 def _let_go(names: list[_Name]) -> None:

@@ -64,11 +64,13 @@ next (Lightning's fetches the next batch of a loader of no length before it runs
 step on the one it has, so a loader taking turns between two buffers is fetched in
 order). A loader that wrote into one (its version counter moved) or handed out another
 tensor over its memory (``torch.from_numpy`` of one buffer, each time) is fetched in
-order from then on (:attr:`Ahead.reuses`, logged at info), and only one that did
-neither is fetched ahead — still compared at every fetch, with a warning, and in order
-from then on, if it refills a batch later. What it cannot see: the very tensor handed
-out again after a write behind torch's back (through ``x.numpy()``), which looks like a
-constant handed with every batch.
+order from then on (:attr:`Ahead.reuses`, logged at info), its batches named in the
+forward, and the names made for the batches it may have filled again let go (one
+filled behind torch's back, wrapped anew, moved no version counter of the batch it
+held). Only one that did neither is fetched ahead — still compared at every fetch,
+with a warning, and in order from then on, if it refills a batch later. What it
+cannot see: the very tensor handed out again after a write behind torch's back
+(through ``x.numpy()``), which looks like a constant handed with every batch.
 
 An error from the loader, or from ``inputs=``, is raised in the loop at the batch
 where it happened, after the batches before it, and the next batch comes at the next

@@ -722,6 +722,51 @@ def test_a_loader_that_takes_turns_only_later_is_warned_of(
     assert fetching.ahead.reuses is True
 
 
+class FreshThenOneBuffer:
+    """A loader that hands out ``fresh`` batches of their own, then every batch after in one
+    buffer it fills behind torch's back (numpy), wrapped as a new tensor each time: nothing
+    of a batch handed out before says it was filled again."""
+
+    def __init__(self, data: torch.Tensor, fresh: int) -> None:
+        self.data, self.fresh = data, fresh
+        self.buffer = torch.empty(16, *data.shape[1:])
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for k in range(self.data.shape[0] // 16):
+            rows = self.data[16 * k : 16 * (k + 1)]
+            if k < self.fresh:
+                yield rows.clone()
+            else:
+                self.buffer.numpy()[...] = rows.numpy()
+                yield torch.from_numpy(self.buffer.numpy())
+
+
+@pytest.mark.parametrize("before_step", [False, True])
+@pytest.mark.parametrize("fresh", [0, 4])
+def test_a_batch_seen_filled_again_keeps_no_names_of_what_it_held(
+    warm: CachedRows, before_step: bool, fresh: int
+) -> None:
+    """A batch whose memory the loader fills again for a later one, behind torch's back,
+    holds that one's rows at its forward: the names made for what it held before are let
+    go as the refill is seen, and none are made for what the loader hands out after, so the
+    forward answers the rows it holds — not the rows kept for the batch it held, nor a
+    computed row kept under their names. Seen fetching ahead (a loader fresh at first,
+    warned of) and fetching in order before the loader is known (a loop fetching the next
+    batch before its step)."""
+    seen = images(64)  # every row seen by the cache: a stale name recalls its rows
+    data = torch.cat([seen, seen.flip(0)])
+    fetching = iter(ahead(FreshThenOneBuffer(data, fresh), warm))
+    held = next(fetching)
+    steps = 0
+    while held is not None:
+        following = next(fetching, None) if before_step else None
+        torch.testing.assert_close(warm(held), expected(warm.module, held))
+        steps += 1
+        held = following if before_step else next(fetching, None)
+    assert steps == 8
+    assert fetching.ahead.reuses is True
+
+
 def test_a_loader_of_fresh_or_constant_tensors_is_fetched_ahead(warm: CachedRows) -> None:
     """Slices of one tensor (memory that is never filled again) and a tensor handed in every
     item unchanged are no refilled buffer: batches are fetched and named ahead."""
