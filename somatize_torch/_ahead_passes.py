@@ -356,6 +356,17 @@ class _Fetching(_Pass[T]):
                 continue
             try:
                 ahead._name(item, names)
+            except StopIteration as stop:
+                # Raised at its turn as it is, it would end the loop as the loader's end
+                # does, and every batch after it would be lost without a word.
+                refused = RuntimeError(
+                    "inputs= raised StopIteration on a loader item (a `next()` over its "
+                    "parts that found none): raised as this error, as it would otherwise end "
+                    "the loop as if the loader were exhausted. Have inputs= raise another "
+                    "error, or answer None, for an item holding no input"
+                )
+                refused.__cause__ = stop
+                self.waiting.append((item, refused, names))
             except Exception as chosen:  # from inputs=: naming itself raises nothing here
                 self.waiting.append((item, chosen, names))
             else:

@@ -75,12 +75,14 @@ cannot see: the very tensor handed out again after a write behind torch's back
 An error from the loader, or from ``inputs=``, is raised in the loop at the batch
 where it happened, after the batches before it, and the next batch comes at the next
 ``next()`` as from the loader's own iterator (a loop that skips a sample that fails to
-load goes on with the rest of the epoch). Naming that fails, as it starts or on the
-other thread, costs no batch: the batch is handed out all the same, and its forward
-names the rows itself, raising what is wrong with them if anything is. :class:`Ahead`
-passes ``len()`` and any attribute (``sampler``, ``dataset``, …) through to the
-loader, so code that inspects a DataLoader still works on it. With no
-content-keyed cache to name for it is the loader itself.
+load goes on with the rest of the epoch). A StopIteration from ``inputs=`` (a
+``next()`` over an item's parts that found none) is raised as a RuntimeError, from it:
+raised as it is, it would end the loop as the loader's end does. Naming that fails,
+as it starts or on the other thread, costs no batch: the batch is handed out all the
+same, and its forward names the rows itself, raising what is wrong with them if
+anything is. :class:`Ahead` passes ``len()`` and any attribute (``sampler``,
+``dataset``, …) through to the loader, so code that inspects a DataLoader still works
+on it. With no content-keyed cache to name for it is the loader itself.
 
 This module holds :class:`Ahead` (what it is given, which pass it makes over the
 loader, which tensor of an item it names, and what it concludes from what a pass

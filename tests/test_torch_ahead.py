@@ -263,6 +263,31 @@ def test_an_inputs_error_is_raised_in_the_loop_at_its_batch(warm: CachedRows) ->
     assert seen == 2
 
 
+def test_a_stop_iteration_from_inputs_is_raised_as_an_error_not_the_loops_end(
+    warm: CachedRows,
+) -> None:
+    """``inputs=`` that picks the image out of an item with ``next()`` over its tensors
+    raises StopIteration for an item that holds none: that is its error at that batch, not
+    the end of the loader, which would end the loop there silently and lose every batch
+    after it."""
+    data = images(64)
+    items = [(data[16 * k : 16 * (k + 1)], torch.tensor(k)) for k in range(4)]
+    items[1] = (torch.tensor(1),)  # no image in it
+
+    def image(item: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return next(t for t in item if t.dim() == 4)
+
+    fetching = iter(ahead(items, warm, inputs=image))
+    seen = [next(fetching)[1]]
+    with pytest.raises(RuntimeError, match="StopIteration") as raised:
+        next(fetching)
+    assert isinstance(raised.value.__cause__, StopIteration)
+    for x, k in fetching:
+        torch.testing.assert_close(warm(x), expected(warm.module, x))
+        seen.append(k)
+    assert [int(k) for k in seen] == [0, 2, 3]
+
+
 def test_naming_that_fails_on_the_other_thread_is_done_in_the_forward(
     warm: CachedRows, monkeypatch: pytest.MonkeyPatch
 ) -> None:
