@@ -70,12 +70,8 @@ def look_again(graph: Graph) -> None:
     refused here: a node that can no longer be keyed is refused where its key is needed.
     Run at the start of every forward, before anything is keyed or sent; it costs one
     comparison of the classes' namespaces for a graph with no such node."""
-    watch = graph._code_watch
-    try:  # a method set on a class since, or deleted: the fingerprints of its code now
-        moved = watch[0] != watch[1]
-    except Exception:  # a value replaced whose `==` says no bool (an array)
-        moved = True
-    if moved:
+    if not graph._code_watch.looks_same():
+        # A method set on a class since, or deleted: the fingerprints of its code now.
         graph._written_again()
     unfixed: dict[str, Node] = graph._unfixed
     restated: dict[str, Node] = graph._restated

@@ -509,11 +509,8 @@ class _Run:
         where they differ (a count a class moves as it runs leaves them as they were)."""
         graph = self.graph
         watch = graph._code_watch
-        try:
-            if watch[0] == watch[1]:
-                return False
-        except Exception:  # a value replaced whose `==` says no bool (an array)
-            pass
+        if watch.looks_same():
+            return False
         memory = graph.memory
         return any(
             fingerprint_of(*node.implementing_classes()) != memory.fingerprint_of(name)

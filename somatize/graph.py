@@ -158,12 +158,7 @@ class Graph:
         """What a copy is made from: all but what is watched of the nodes' classes, which
         a copy watches afresh (a class's namespace cannot be copied) — once the
         fingerprints it copies are those of the code as it is now."""
-        watch = self._code_watch
-        try:
-            moved = watch[0] != watch[1]
-        except Exception:  # a value replaced whose `==` says no bool (an array)
-            moved = True
-        if moved:
+        if not self._code_watch.looks_same():
             self._written_again()
         state = dict(vars(self))
         del state["_code_watch"]

@@ -375,11 +375,7 @@ def _code_as_cached(self: CachedRows) -> None:
     weights, not the code, and those the old code computed — in its memory tiers, in the
     store under its fingerprint — would be taken for the new code's."""
     code = self._code
-    try:
-        same = bool(code[0] == code[1])
-    except Exception:  # a value replaced whose `==` says no bool (an array)
-        same = False
-    if same:
+    if code.looks_same():
         return
     changed = code_changes(code)
     if not changed:  # what no code reads (`__slotnames__`, which a copy of an instance adds)

@@ -262,12 +262,7 @@ def _code_unmoved(self: CachedRows) -> bool:
     in C, and, where it says no, what changed worked out, as there (a value the classes'
     own code set on one of them as it ran is its state, not its code)."""
     code = self._code
-    try:
-        if code[0] == code[1]:
-            return True
-    except Exception:  # a value replaced whose `==` says no bool (an array)
-        pass
-    return not code_changes(code)
+    return code.looks_same() or not code_changes(code)
 
 
 def _in_eval(self: CachedRows) -> bool:

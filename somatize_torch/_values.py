@@ -927,10 +927,7 @@ def _code_changed(changed: list[str], model: str) -> WrapError:
 
 def _same_code(code: CodeWatch) -> bool:
     """Whether the classes ``code`` watches hold what they held when it was taken."""
-    try:
-        return bool(code[0] == code[1])
-    except Exception:  # a value replaced whose `==` says no bool (an array)
-        return False
+    return code.looks_same()
 
 
 def _got_again(got: list[Any]) -> Any:

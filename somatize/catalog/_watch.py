@@ -112,6 +112,15 @@ class CodeWatch(NamedTuple):
     and state lie in ``lives`` at ``at``: changed since, it is given a new mark
     (:func:`marks_moved`)."""
 
+    def looks_same(self) -> bool:
+        """Whether ``lives`` hold what ``copies`` do, in one comparison made in C: no where
+        anything differs (what changed is :func:`code_changes`), or a value replaced says
+        no bool to ``==`` (an array)."""
+        try:
+            return bool(self.lives == self.copies)
+        except Exception:
+            return False
+
 
 class Mark(NamedTuple):
     """An object marked by which object it is, or a container holding objects a class holds
