@@ -64,7 +64,13 @@ from somatize_torch.digest import (
     row_digest,
     row_header,
 )
-from somatize_torch.freeze import classes_of, hold, refuse_inference_tensors, unfrozen_error
+from somatize_torch.freeze import (
+    classes_of,
+    hold,
+    keyed_with,
+    refuse_inference_tensors,
+    unfrozen_error,
+)
 from somatize_torch.wrap import REGISTRIES
 
 if TYPE_CHECKING:
@@ -463,7 +469,7 @@ def _redeclared(self: CachedRows) -> bool:
     classes = classes_of(self.module)
     if set(classes) != set(self._classes):
         self._classes = classes
-        self._code = watch_code(classes)
+        self._code = watch_code(classes, keyed_with(self.module))
         self._fingerprint = fingerprint_of(*classes)
         if self._writer is not None:
             self._writer.fingerprint = self._fingerprint

@@ -52,6 +52,7 @@ from somatize_torch._modes import enters_blocks, switches
 from somatize_torch._parts import _Parts, _Read, hooks_of
 from somatize_torch._split import Traced, _calls, _Split, _split, _traced, identity_asked
 from somatize_torch._values import Noted, Reread, Values
+from somatize_torch.freeze import keyed_with
 
 if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
@@ -796,9 +797,8 @@ class Tracing:
         object.__setattr__(wrapped, "_enters", self.entering)
         object.__setattr__(wrapped, "_identity", self.identity)
         traced = (type(model), *(type(module) for module in traced_into.values()))
-        object.__setattr__(
-            wrapped, "_values", Values(self.world.read, type(model).__qualname__, traced)
-        )
+        values = Values(self.world.read, type(model).__qualname__, traced, keyed_with(model))
+        object.__setattr__(wrapped, "_values", values)
         object.__setattr__(
             wrapped,
             "_one_code",

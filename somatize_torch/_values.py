@@ -542,13 +542,22 @@ class Values:
     list, dict or set) and a few per name the modules did not hold themselves, made in C
     over tables worked out once (about 30 µs for 240 names read)."""
 
-    def __init__(self, noted: Noted | None, model: str, traced: tuple[type, ...] = ()) -> None:
+    def __init__(
+        self,
+        noted: Noted | None,
+        model: str,
+        traced: tuple[type, ...] = (),
+        keyed: tuple[Any, ...] = (),
+    ) -> None:
         self.model = model
         """The model's class, for messages."""
         self.traced = traced
         """The classes whose forward fx traced: the model's, and those of the blocks it went
         through."""
-        self._code: CodeWatch | None = watch_code(traced) if traced else None
+        self.keyed = keyed
+        """The model's modules, weights and buffers, keyed as its state, not as code
+        (:func:`~somatize_torch.freeze.keyed_with`)."""
+        self._code: CodeWatch | None = watch_code(traced, keyed) if traced else None
         self.reads: list[Read] = []
         self._values: list[Any] = []
         self._containers: list[int] = []
@@ -699,7 +708,7 @@ class Values:
             # (`model.block.__dict__ = {...}`): the tables are taken as they are now.
             self._quick = self._tables()
             if self._code is None and self.traced:
-                self._code = watch_code(self.traced)
+                self._code = watch_code(self.traced, self.keyed)
         owners, absent, absent_names, givers, given_names, given = self._quick
         names = (read.name for read in self.reads)
         code = self._code

@@ -935,6 +935,16 @@ def classes_of(module: nn.Module) -> tuple[type, ...]:
     return tuple(dict.fromkeys([*map(type, parts), *map(type, configs)]))
 
 
+def keyed_with(module: nn.Module) -> tuple[Any, ...]:
+    """What of ``module`` is keyed and watched as its state, not as code: it and its
+    submodules (their weights digested, their modes held or read where they run), their
+    parameters and buffers. A class of theirs whose function closes over one of these,
+    takes it by default or binds it in a partial (``def make(sub): class M: def
+    __init__(s): s.encoder = sub``) reaches that very object, watched by identity
+    (:func:`~somatize.catalog.watch_code`), so freezing it is no change of that code."""
+    return (*module.modules(), *module.parameters(), *module.buffers())
+
+
 def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
     """Freezes the frozen torch nodes of ``target`` (a graph, or a module from
     :func:`somatize.torch.wrap`) — all of them, or only ``names`` — and returns each

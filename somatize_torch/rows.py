@@ -108,6 +108,7 @@ from somatize_torch.freeze import (
     held_while,
     hold,
     is_held,
+    keyed_with,
 )
 from somatize_torch.residency import Tier
 from somatize_torch.writer import Writer, reading
@@ -201,7 +202,7 @@ class CachedRows(nn.Module):
         self._fingerprint = fingerprint_of(*self._classes)
         # What the fingerprint was worked out from: a method set on a class since is
         # refused where rows are keyed (`_row_keys._keying`).
-        self._code = watch_code(self._classes)
+        self._code = watch_code(self._classes, keyed_with(module))
         self._writer = Writer(store, self._fingerprint) if store is not None else None
         # What a forward holds while it asks the store (`writer.reading`).
         self._lock = reading(store) if store is not None else None

@@ -111,6 +111,8 @@ class CodeWatch(NamedTuple):
     their functions close over, with what is noted of it (:class:`_Marked`), whose version
     and state lie in ``lives`` at ``at``: changed since, it is given a new mark
     (:func:`marks_moved`)."""
+    keyed: tuple[Any, ...] = ()
+    """The objects whose state the watch's taker keys itself (:func:`watch_code`)."""
 
     def looks_same(self) -> bool:
         """Whether ``lives`` hold what ``copies`` do, in one comparison made in C: no where
@@ -183,7 +185,7 @@ def _hear_code_set() -> None:
     _HEARING[0] = _SETS[0] != before
 
 
-def watch_code(kinds: Iterable[type]) -> CodeWatch:
+def watch_code(kinds: Iterable[type], keyed: Iterable[Any] = ()) -> CodeWatch:
     """What the fingerprints of ``kinds`` were worked out from, laid out so that a change
     is found in one comparison made in C: the namespace of each class of their lineages
     (as :func:`fingerprint_of` takes them) and a copy of it, which differ once a method
@@ -212,9 +214,19 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     dict, list or slots only to the same number of the same type (:class:`_Exact`: ``2``
     replaced by ``2.0`` is seen); one whose ``==`` says no bool, an array, raises, and is
     taken as changed. The copies hold what they copy, so an old function cannot be followed
-    by a new one at the same address."""
+    by a new one at the same address.
+
+    ``keyed`` are objects whose state the taker keys and watches itself (the modules of a
+    model: their weights digested, their modes held or read where they are keyed): one that
+    a function of theirs closes over, takes by default or a partial binds is that very
+    object, seen replaced by the watch of the cell, the defaults or the partial, and what it
+    holds is not read here — else freezing it (eval, no grad) would be taken for a change of
+    the code of a class that merely reaches it (``def make(sub): class M: def
+    __init__(s): s.encoder = sub``)."""
     _hear_code_set()
     given = tuple(kinds)
+    keyed = tuple(keyed)
+    elsewhere = frozenset(id(held) for held in keyed)
     lineage = list(
         dict.fromkeys(above for kind in given for above in _ancestry(kind) if not _left_out(above))
     )
@@ -258,7 +270,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 holds += _default_tables(name, function)
             # `k = Knob()`, `acts = {"a": Scale()}`: what their classes' code looks up in
             # their module
-            for held in _watch_objects(holds, label, kind, lives, labels, marks):
+            for held in _watch_objects(holds, label, kind, lives, labels, marks, elsewhere):
                 held_kinds.update(dict.fromkeys(_not_library(type(held))))
             for function in _functions_in(member):
                 keywords = function.__kwdefaults__
@@ -273,7 +285,8 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
                 lives.append(keywords)
                 labels.append(label)
             if isinstance(member, type) and not _dunder(name) and not _left_out(member):
-                _watch_class(member, label, kind, lives, labels, marks)  # `make = Double`
+                # `make = Double`
+                _watch_class(member, label, kind, lives, labels, marks, elsewhere)
     tables: set[int] = set()
     bodies: set[int] = set()
     for kind in lineage:  # each table its code only reads, object of a helper class: marked
@@ -284,7 +297,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             if helper is not None:  # what it closes over, takes by default: as a method's
                 at = f"{helper.__module__}:{name}"
                 holds = _closed_objects(helper) + _default_tables(name, helper)
-                _watch_objects(holds, at, kind, lives, labels, marks)
+                _watch_objects(holds, at, kind, lives, labels, marks, elsewhere)
                 if helper.__closure__:  # a helper's cell set since
                     lives.append(_Cells(helper))
                     labels.append(at)
@@ -295,13 +308,13 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
             if written is not None and id(written) not in bodies:  # `Config.by = 3` since
                 bodies.add(id(written))
                 at = f"{written.__module__}:{written.__qualname__}"
-                _watch_class(written, at, kind, lives, labels, marks)
+                _watch_class(written, at, kind, lives, labels, marks, elsewhere)
             wrapper = was.held() if isinstance(was, _HelperSeen) else None
             for keywords in _partial_keywords(wrapper):  # `helper.keywords["by"] = 4`
                 lives.append(keywords)
                 labels.append(name)
             if wrapper is not None:  # what it binds (`partial(scaled, BOX)`), changed in place
-                _watch_objects(_bound_objects(wrapper), name, kind, lives, labels, marks)
+                _watch_objects(_bound_objects(wrapper), name, kind, lives, labels, marks, elsewhere)
             if isinstance(was, _ArraySeen) and by is not None:  # `MEANS[0] = 5.0` since
                 space = _space_of(by)
                 array = space.get(name, _ABSENT)
@@ -344,7 +357,7 @@ def watch_code(kinds: Iterable[type]) -> CodeWatch:
     lives.append(_SETS)
     copies.append(list(_SETS))
     mros = [(kind, kind.__mro__) for kind in lineage]
-    return CodeWatch(lives, copies, lineage, given, labels, made, mros, marks)
+    return CodeWatch(lives, copies, lineage, given, labels, made, mros, marks, keyed)
 
 
 def _watch_objects(
@@ -354,9 +367,11 @@ def _watch_objects(
     lives: list[Any],
     labels: list[str],
     marks: list[Mark],
+    elsewhere: frozenset[int] = frozenset(),
 ) -> list[Any]:
     """Adds to a watch's ``lives`` (and ``labels``, ``marks``) what is read of each object of
-    ``holds``, held by ``kind`` or by a helper its code names, where ``label`` says: a
+    ``holds``, held by ``kind`` or by a helper its code names, where ``label`` says, but one
+    whose state the watch's taker keys itself (``elsewhere``, by address: :func:`watch_code`): a
     container holding objects as a marked object is watched, each object in it as one held
     itself, so that what its node's forward changes in it (an object added to a log) is its
     state; one named by what it holds by each dict, list and set read of it; any other,
@@ -364,6 +379,7 @@ def _watch_objects(
     objects watched, those in such a container too."""
     read: list[Any] = []
     unnamed: list[Any] = []
+    holds = [held for held in holds if id(held) not in elsewhere]
     watched = list(holds)
     for held in holds:
         if _contained_bytes(held, read, unnamed, watched) is not None:
@@ -390,6 +406,7 @@ def _watch_class(
     lives: list[Any],
     labels: list[str],
     marks: list[Mark],
+    elsewhere: frozenset[int] = frozenset(),
 ) -> None:
     """Adds to a watch's ``lives`` (and ``labels``, ``marks``) ``helper``, a class ``kind``'s
     code names or ``kind`` holds: its namespaces (:func:`_bodies`), and each table and
@@ -412,7 +429,7 @@ def _watch_class(
         marks.append(Mark(len(lives), held, noted, anew, kind))
         lives += [noted.version, noted.lives]
         labels += [label, label]
-    _watch_objects(objects, label, kind, lives, labels, marks)
+    _watch_objects(objects, label, kind, lives, labels, marks, elsewhere)
 
 
 def _copied(live: Any) -> Any:
@@ -787,7 +804,7 @@ def code_changes(watch: CodeWatch) -> list[str]:
 
 def watched_again(watch: CodeWatch) -> CodeWatch:
     """``watch`` (:func:`watch_code`) taken again of the same classes, as they are now."""
-    return watch_code(watch.given)
+    return watch_code(watch.given, watch.keyed)
 
 
 def _holds_code(member: Any) -> bool:

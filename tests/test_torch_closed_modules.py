@@ -1,0 +1,262 @@
+"""A module a model's class reaches through its code — closed over by a method, taken by
+default, named in its module — is that very module, not code: what freezing does to it
+(eval, no grad) is no change of the class, while another module put in its place is."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as smt
+from somatize import Store
+
+
+class Encoder(nn.Module):
+    """A linear map then dropout: answers otherwise in train mode than in eval."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.linear(x))
+
+
+def _encoder(seed: int = 0) -> Encoder:
+    torch.manual_seed(seed)
+    return Encoder()
+
+
+def _made_with(sub: nn.Module) -> tuple[nn.Module, Callable[[nn.Module], None]]:
+    """A model of a class made here, whose ``__init__`` takes ``sub`` from the function,
+    and what rebinds that cell to another module."""
+
+    class Closing(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.encoder = sub
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.encoder(x)
+
+    def rebind(other: nn.Module) -> None:
+        nonlocal sub
+        sub = other
+
+    return Closing(), rebind
+
+
+def _taking(sub: nn.Module) -> Callable[[nn.Module], None]:
+    """An ``__init__`` setting ``sub``, which it closes over, as the encoder; its
+    ``rebind`` puts another module in that cell."""
+
+    def __init__(self: nn.Module) -> None:
+        nn.Module.__init__(self)
+        self.encoder = sub
+
+    def rebind(other: nn.Module) -> None:
+        nonlocal sub
+        sub = other
+
+    __init__.rebind = rebind  # type: ignore[attr-defined]
+    return __init__
+
+
+class Closing(nn.Module):
+    """Takes its encoder from a cell its ``__init__`` closes over."""
+
+    __init__ = _taking(_encoder())  # type: ignore[assignment]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+
+SHARED = _encoder()
+DEFAULT = _encoder()
+
+
+class Defaulting(nn.Module):
+    """Takes its encoder by default."""
+
+    def __init__(self, encoder: nn.Module = DEFAULT) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+
+class Global(nn.Module):
+    """Takes its encoder from a name of its module."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = SHARED
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+
+def _model(held: str) -> tuple[nn.Module, Callable[[nn.Module], None]]:
+    """A model whose class reaches its encoder as ``held`` says, in train mode, and what
+    puts another module where the class reaches it."""
+    if held == "class made in a function":
+        return _made_with(_encoder())
+    if held == "closure":
+        rebind: Callable[[nn.Module], None] = Closing.__init__.rebind  # type: ignore[attr-defined]
+        rebind(_encoder())
+        return Closing().train(), rebind
+    if held == "default":
+        model: nn.Module = Defaulting()
+
+        def other_default(other: nn.Module) -> None:
+            Defaulting.__init__.__defaults__ = (other,)
+
+        return model.train(), other_default
+
+    def other_global(other: nn.Module) -> None:
+        sys.modules[__name__].SHARED = other
+
+    return Global().train(), other_global
+
+
+@pytest.fixture(autouse=True)
+def _puts_back_what_is_rebound() -> Any:
+    defaults, shared = Defaulting.__init__.__defaults__, SHARED
+    yield
+    Defaulting.__init__.__defaults__ = defaults
+    sys.modules[__name__].SHARED = shared
+    Closing.__init__.rebind(_encoder())  # type: ignore[attr-defined]
+
+
+HELD = ["closure", "default", "global"]
+
+
+@pytest.mark.parametrize("held", ["class made in a function", *HELD])
+def test_a_module_the_class_reaches_frozen_by_wrap_is_no_change_of_code(
+    held: str, store: Store
+) -> None:
+    """A model whose ``__init__`` takes its encoder from a cell of the function that made
+    its class, a default or a name of its module, wrapped with that encoder frozen and
+    cached and frozen (put in eval, no grad), runs and recalls: freezing the module the
+    class reaches was taken for its code changed, and the first call refused."""
+    model, _ = _model(held)
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    first = wrapped(x)
+    with torch.no_grad():
+        assert torch.equal(first, model.encoder(x))
+    assert torch.equal(wrapped(x), first)
+    assert wrapped.counts["encoder"]["recalled"] == 1
+
+
+@pytest.mark.parametrize("held", HELD)
+def test_a_module_the_class_reaches_frozen_by_a_row_cache_is_no_change_of_code(
+    held: str,
+) -> None:
+    """The same model cached per row (frozen whole: eval, no grad) computes its rows, then
+    recalls them: they were refused as computed by code changed since."""
+    model, _ = _model(held)
+    cached = smt.cache_rows(model)
+    x = torch.randn(3, 4)
+    first = cached(x)
+    with torch.no_grad():
+        assert torch.equal(first, model.encoder(x))
+    assert torch.equal(cached(x), first)
+    assert cached.stats.computed == 3
+
+
+@pytest.mark.parametrize("held", ["closure", "default"])
+def test_another_module_where_the_class_reaches_it_is_still_refused(
+    held: str, store: Store
+) -> None:
+    """Another module put where the class's ``__init__`` reaches its encoder (the cell
+    rebound, another default) after ``wrap`` or ``cache_rows`` is refused at the next
+    call, as any change of the class's code is."""
+    model, rebind = _model(held)
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    wrapped(x)
+    rebind(_encoder(1))
+    with pytest.raises(smt.WrapError, match=r"__init__"):
+        wrapped(x)
+    model, rebind = _model(held)
+    cached = smt.cache_rows(model)
+    cached(x)
+    rebind(_encoder(2))
+    with pytest.raises(smt.RowsError, match=r"__init__"):
+        cached(x)
+
+
+OUTSIDE = _encoder().eval()
+CLOSED = _encoder().eval()
+
+
+def _calls(outside: nn.Module) -> Callable[[nn.Module, torch.Tensor], torch.Tensor]:
+    """A forward calling ``outside``, which it closes over."""
+
+    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return outside(x) * 2.0
+
+    def rebind(other: nn.Module) -> None:
+        nonlocal outside
+        outside = other
+
+    forward.rebind = rebind  # type: ignore[attr-defined]
+    return forward
+
+
+class CallsClosed(nn.Module):
+    """Calls a module its forward closes over, which it does not hold."""
+
+    forward = _calls(CLOSED)
+
+
+class CallsGlobal(nn.Module):
+    """Calls a module its module names, which it does not hold."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return OUTSIDE(x) * 2.0
+
+
+def _calling(held: str) -> tuple[nn.Module, nn.Module, Callable[[nn.Module], None]]:
+    """A model whose forward calls a module it does not hold, reached as ``held`` says, a
+    new one put there first, that module, and what puts another in its place."""
+
+    def other_global(other: nn.Module) -> None:
+        sys.modules[__name__].OUTSIDE = other
+
+    rebind = CallsClosed.forward.rebind if held == "closure" else other_global  # type: ignore[attr-defined]
+    outside = _encoder().eval()
+    rebind(outside)
+    return (CallsClosed() if held == "closure" else CallsGlobal()), outside, rebind
+
+
+@pytest.mark.parametrize("change", ["weights", "mode"])
+@pytest.mark.parametrize("held", ["global"])
+def test_a_module_the_class_calls_and_the_model_does_not_hold_is_still_watched(
+    held: str, change: str
+) -> None:
+    """A module a forward calls that the model does not hold (named in its module), so
+    that no weight nor mode of it is keyed with the model's, is still watched through the
+    class: its weights changed in place, or it put in train mode, after ``cache_rows`` is
+    refused, never recalled as computed by the module as it was."""
+    model, outside, _ = _calling(held)
+    cached = smt.cache_rows(model)
+    x = torch.randn(3, 4)
+    cached(x)
+    if change == "weights":
+        with torch.no_grad():
+            outside.linear.weight.mul_(2.0)
+    else:
+        outside.train()
+    with pytest.raises(smt.RowsError, match=r"forward|OUTSIDE"):
+        cached(x)
