@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from somatize import canonical
-from somatize.catalog import code_changes, fingerprint_of, watch_code, watched_again
+from somatize.catalog import CodeWatch, code_changes, fingerprint_of, watch_code, watched_again
 from somatize.keys import (
     before_one_key,
     key_after,
@@ -460,6 +460,19 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
         raise
 
 
+def code_watch(classes: tuple[type, ...], module: nn.Module) -> CodeWatch:
+    """The watch a row cache takes of ``classes``, the code of ``module``
+    (:func:`~somatize.catalog.watch_code`), taken again at once where an object their code
+    reaches was marked anew as it was watched (a graph watched it and is gone, as the one
+    ``cache_rows`` freezes the module by): that new mark is no change since the cache was
+    made, and would have its first call refused as code changed; the fingerprint is worked
+    out after it, with the new mark."""
+    code = watch_code(classes, keyed_with(module))
+    if any(mark.anew for mark in code.marks):
+        code = watched_again(code)
+    return code
+
+
 @_one_at_a_time
 def _redeclared(self: CachedRows) -> bool:
     """Drops each keying whose prefix the module as it is now would not derive (its
@@ -469,7 +482,7 @@ def _redeclared(self: CachedRows) -> bool:
     classes = classes_of(self.module)
     if set(classes) != set(self._classes):
         self._classes = classes
-        self._code = watch_code(classes, keyed_with(self.module))
+        self._code = code_watch(classes, self.module)
         self._fingerprint = fingerprint_of(*classes)
         if self._writer is not None:
             self._writer.fingerprint = self._fingerprint

@@ -71,7 +71,7 @@ from torch import nn
 
 from somatize import Graph, Store
 from somatize._threads import ProcessLock
-from somatize.catalog import fingerprint_of, watch_code
+from somatize.catalog import fingerprint_of
 from somatize_torch._modes import marked_as_needed
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
@@ -89,6 +89,7 @@ from somatize_torch._row_keys import (
     _row_ids,
     _settle,
     _share_registries,
+    code_watch,
 )
 from somatize_torch._row_lookup import _remember
 from somatize_torch._row_options import DEVICE_BYTES as DEVICE_BYTES
@@ -108,7 +109,6 @@ from somatize_torch.freeze import (
     held_while,
     hold,
     is_held,
-    keyed_with,
 )
 from somatize_torch.residency import Tier
 from somatize_torch.writer import Writer, reading
@@ -199,10 +199,10 @@ class CachedRows(nn.Module):
         the order of the dims in memory of the batches the module answered (None: C
         order): a batch recalled is laid out so too."""
         self._classes = classes_of(module)
+        # What the fingerprint is worked out from, taken first: a method set on a class
+        # since is refused where rows are keyed (`_row_keys._keying`).
+        self._code = code_watch(self._classes, module)
         self._fingerprint = fingerprint_of(*self._classes)
-        # What the fingerprint was worked out from: a method set on a class since is
-        # refused where rows are keyed (`_row_keys._keying`).
-        self._code = watch_code(self._classes, keyed_with(module))
         self._writer = Writer(store, self._fingerprint) if store is not None else None
         # What a forward holds while it asks the store (`writer.reading`).
         self._lock = reading(store) if store is not None else None

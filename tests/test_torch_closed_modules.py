@@ -240,23 +240,36 @@ def _calling(held: str) -> tuple[nn.Module, nn.Module, Callable[[nn.Module], Non
     return (CallsClosed() if held == "closure" else CallsGlobal()), outside, rebind
 
 
-@pytest.mark.parametrize("change", ["weights", "mode"])
-@pytest.mark.parametrize("held", ["global"])
+@pytest.mark.parametrize(
+    ("held", "change"),
+    [
+        ("global", "weights"),
+        ("global", "mode"),
+        ("closure", "weights"),
+        ("closure", "mode"),
+        ("closure", "another"),
+    ],
+)
 def test_a_module_the_class_calls_and_the_model_does_not_hold_is_still_watched(
     held: str, change: str
 ) -> None:
-    """A module a forward calls that the model does not hold (named in its module), so
-    that no weight nor mode of it is keyed with the model's, is still watched through the
-    class: its weights changed in place, or it put in train mode, after ``cache_rows`` is
-    refused, never recalled as computed by the module as it was."""
-    model, outside, _ = _calling(held)
+    """A module a forward calls that the model does not hold (closed over, named in its
+    module), so that no weight nor mode of it is keyed with the model's, is still watched
+    through the class: its rows are computed, then recalled, and once its weights are
+    changed in place, it is put in train mode, or another module is put in the cell after
+    ``cache_rows``, the next call is refused, never recalled as computed by the module as it
+    was."""
+    model, outside, rebind = _calling(held)
     cached = smt.cache_rows(model)
     x = torch.randn(3, 4)
-    cached(x)
+    first = cached(x)
+    assert torch.equal(cached(x), first) and cached.stats.computed == 3
     if change == "weights":
         with torch.no_grad():
             outside.linear.weight.mul_(2.0)
-    else:
+    elif change == "mode":
         outside.train()
+    else:
+        rebind(_encoder(3).eval())
     with pytest.raises(smt.RowsError, match=r"forward|OUTSIDE"):
         cached(x)
