@@ -273,3 +273,47 @@ def test_a_module_the_class_calls_and_the_model_does_not_hold_is_still_watched(
         rebind(_encoder(3).eval())
     with pytest.raises(smt.RowsError, match=r"forward|OUTSIDE"):
         cached(x)
+
+
+def _heads_with(head: nn.Module) -> tuple[Callable[..., None], Callable[..., torch.Tensor]]:
+    """An ``__init__`` holding ``head`` beside a new encoder, and a forward scaling what
+    ``head`` answers by whether it trains, both closing over it."""
+
+    def __init__(self: nn.Module) -> None:
+        nn.Module.__init__(self)
+        self.encoder = _encoder()
+        self.head = head
+
+    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        z = self.head(self.encoder(x))
+        return z * 3.0 if head.training else z
+
+    return __init__, forward
+
+
+class TrainsHead(nn.Module):
+    """Trains a head its methods close over, on a frozen encoder."""
+
+    __init__, forward = _heads_with(nn.Linear(4, 2))  # type: ignore[assignment]
+
+
+def test_a_trained_head_the_class_closes_over_is_no_change_of_code(store: Store) -> None:
+    """A trainable head of the model that its class's methods close over, stepped by an
+    optimizer and put in eval with the model, is the model's part: the calls answer as the
+    model does, where each was refused as the class's code changed; its flag, read through
+    the cell, is still that of a part (left in eval while the model trains, refused)."""
+    model = TrainsHead()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    optimizer = torch.optim.SGD(model.head.parameters(), lr=0.1)
+    wrapped(x).sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        wrapped.eval()
+        assert torch.equal(wrapped(x), model(x))
+        wrapped.train()
+        model.head.eval()
+        with pytest.raises(smt.WrapError, match=r"different modes"):
+            wrapped(x)
