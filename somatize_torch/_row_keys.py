@@ -41,7 +41,14 @@ import torch
 from torch import nn
 
 from somatize import canonical
-from somatize.catalog import CodeWatch, code_changes, fingerprint_of, watch_code, watched_again
+from somatize.catalog import (
+    CodeWatch,
+    code_changes,
+    fingerprint_of,
+    names_rebound,
+    watch_code,
+    watched_again,
+)
 from somatize.keys import (
     before_one_key,
     key_after,
@@ -377,20 +384,27 @@ def _share_registries(cached: CachedRows, module: nn.Module) -> None:
 
 def _code_as_cached(self: CachedRows) -> None:
     """Refuses a cache whose module's classes were given another method or value, or lost
-    one, since it was made (a monkeypatch): its rows are keyed by the class, structure and
-    weights, not the code, and those the old code computed — in its memory tiers, in the
-    store under its fingerprint — would be taken for the new code's."""
+    one, since it was made (a monkeypatch), or a global or helper of their modules their
+    code reads rebound (a notebook's cell run again, edited): its rows are keyed by the
+    class, structure and weights, not the code, and those the old code computed — in its
+    memory tiers, in the store under its fingerprint — would be taken for the new code's."""
     code = self._code
     if code.looks_same():
         return
-    changed = code_changes(code)
+    changed = code_moved(self)
     if not changed:  # what no code reads (`__slotnames__`, which a copy of an instance adds)
         self._code = watched_again(code)
         return
     said = ", ".join(f"`{name}`" for name in changed[:6])
     kind = type(self.module).__qualname__
+    one = len(changed) == 1
+    how = (
+        f"{'was' if one else 'were'} set on the class, added or deleted"
+        if code_changes(code)
+        else f"{'was' if one else 'were'} rebound in {'its module' if one else 'their modules'}"
+    )
     raise RowsError(
-        f"{said} {'was' if len(changed) == 1 else 'were'} set on the class, added or deleted "
+        f"{said} {how} "
         f"after `cache_rows` cached the `{kind}`: its rows are keyed by its class, structure "
         "and weights, not its code, and the rows the old code computed, held in memory and "
         "kept in the store under the same keys, would be taken for the new code's. Make a "
@@ -398,6 +412,16 @@ def _code_as_cached(self: CachedRows) -> None:
         "says the rows the old code kept drifted (`strict=True` computes them again), or set "
         "it back"
     )
+
+
+def code_moved(self: CachedRows) -> list[str]:
+    """What changed in the code of the module's classes since its rows were keyed
+    (:func:`~somatize.catalog.code_changes`), else each global or helper of their modules
+    their code reads rebound, where the fingerprint rows are kept under is no longer theirs
+    (:func:`~somatize.catalog.names_rebound`: one defined again with the same code is no
+    change). Worked out where the one comparison of the watch says no."""
+    code = self._code
+    return code_changes(code) or names_rebound(code, self._fingerprint)
 
 
 @_one_at_a_time
@@ -466,7 +490,9 @@ def code_watch(classes: tuple[type, ...], module: nn.Module) -> CodeWatch:
     reaches was marked anew as it was watched (a graph watched it and is gone, as the one
     ``cache_rows`` freezes the module by): that new mark is no change since the cache was
     made, and would have its first call refused as code changed; the fingerprint is worked
-    out after it, with the new mark."""
+    out after it, with the new mark. The fingerprint is worked out before it too: the watch
+    watches the names of their modules it looked up (a global rebound) only once it is."""
+    fingerprint_of(*classes)
     code = watch_code(classes, keyed_with(module))
     if any(mark.anew for mark in code.marks):
         code = watched_again(code)

@@ -20,12 +20,11 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 
-from somatize.catalog import code_changes
 from somatize.errors import SomatizeError
 from somatize_torch._errors import CachedInputNeedsGrad
 from somatize_torch._precision import float32_precision, reduced
 from somatize_torch._row_errors import NotRowwise, RowsError, _describe
-from somatize_torch._row_keys import _floating_dtypes, _Keying
+from somatize_torch._row_keys import _floating_dtypes, _Keying, code_moved
 from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import DTYPES
@@ -260,9 +259,9 @@ def _code_unmoved(self: CachedRows) -> bool:
     """Whether the code of the module's classes is what it was when its rows were keyed
     (:func:`~somatize_torch._row_keys._code_as_cached` looked then): one comparison made
     in C, and, where it says no, what changed worked out, as there (a value the classes'
-    own code set on one of them as it ran is its state, not its code)."""
-    code = self._code
-    return code.looks_same() or not code_changes(code)
+    own code set on one of them as it ran is its state, not its code, and a helper defined
+    again with the same code no change)."""
+    return self._code.looks_same() or not code_moved(self)
 
 
 def _in_eval(self: CachedRows) -> bool:

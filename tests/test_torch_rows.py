@@ -2784,6 +2784,77 @@ def test_a_forward_set_on_the_cached_module_s_class_is_refused_until_cached_agai
     assert torch.equal(cached(x), first)
 
 
+_SCALED_CELL = """
+from torch import nn
+
+SCALE = 2.0
+
+
+def halved(t):
+    return t / 2
+
+
+class ScaledByAGlobal(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return halved(self.linear(x)) * SCALE
+"""
+
+
+def _scaled_cell(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A notebook cell defining ``ScaledByAGlobal``, whose forward reads the global ``SCALE``
+    and calls the helper ``halved`` of its module."""
+    cell = types.ModuleType("tests.rows_cell")
+    exec(compile(_SCALED_CELL, "<cell>", "exec"), vars(cell))
+    monkeypatch.setitem(sys.modules, cell.__name__, cell)
+    return cell
+
+
+def test_a_global_the_cached_module_s_forward_reads_rebound_is_refused_until_set_back(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A global the module's forward reads, rebound (a notebook's cell run again with
+    ``SCALE = 3.0``), is a change of its code, as a method set on its class is: the rows the
+    old value computed would be recalled for the new one, so the next forward is refused
+    naming it; a new cache computes them with the new value, and the old cache answers
+    again once the global is set back."""
+    cell = _scaled_cell(monkeypatch)
+    module = cell.ScaledByAGlobal()
+    cached = cache_rows(module, store=store)
+    x = torch.randn(5, 6)
+    first = cached(x)
+    cached.flush()
+    exec("SCALE = 3.0", vars(cell))
+    with pytest.raises(RowsError, match=r"`tests\.rows_cell:SCALE` was rebound"):
+        cached(x)
+    again = cache_rows(cell.ScaledByAGlobal(), store=store, strict=True)
+    again.module.load_state_dict(module.state_dict())
+    assert torch.allclose(again(x), first * 1.5)
+    exec("SCALE = 2.0", vars(cell))
+    assert torch.equal(cached(x), first)
+
+
+def test_a_helper_the_cached_module_s_forward_calls_rebound_is_refused_not_the_same_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper of its module the module's forward calls, defined again with other code
+    (a cell run again, edited), refuses the cache; defined again with the same code (the
+    cell run again as it was), it is no change, and the cache goes on recalling its rows."""
+    cell = _scaled_cell(monkeypatch)
+    cached = cache_rows(cell.ScaledByAGlobal(), store=store)
+    x = torch.randn(5, 6)
+    first = cached(x)
+    exec("def halved(t):\n    return t / 2\n", vars(cell))
+    assert torch.equal(cached(x), first)
+    assert cached.stats.computed == 5
+    exec("def halved(t):\n    return t / 4\n", vars(cell))
+    with pytest.raises(RowsError, match=r"`tests\.rows_cell:halved` was rebound"):
+        cached(x)
+
+
 class CountedOnItsClass(OnALinear):
     """Counts its calls on its class."""
 

@@ -109,6 +109,7 @@ from somatize.catalog._watch import Mark as Mark  # what a watch notes, not in _
 from somatize.catalog._watch import (
     code_changes,
     marks_moved,
+    names_rebound,
     own_state,
     state_taken,
     watch_code,
@@ -127,6 +128,7 @@ __all__ = [
     "held_at",
     "identity_of",
     "marks_moved",
+    "names_rebound",
     "own_state",
     "state_crosses",
     "state_taken",

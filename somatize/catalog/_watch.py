@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from somatize._arrays import Written, looked_at
 from somatize.catalog._bytecode import _fillers, _state_of
 from somatize.catalog._code import _assignment, _class_body, _written_at
-from somatize.catalog._fingerprint import _FINGERPRINTS
+from somatize.catalog._fingerprint import _FINGERPRINTS, fingerprint_of
 from somatize.catalog._functions import (
     _bound_objects,
     _closed_objects,
@@ -800,6 +800,29 @@ def code_changes(watch: CodeWatch) -> list[str]:
         f"{kind.__qualname__}.__bases__" for kind, mro in watch.mros if kind.__mro__ is not mro
     )
     return changed
+
+
+def names_rebound(watch: CodeWatch, fingerprint: str) -> list[str]:
+    """``module:name`` for each name of their modules that the fingerprints of ``watch``'s
+    classes looked up (:class:`_Looked`) and that holds another object since it was taken —
+    a value or a helper rebound, a notebook's cell run again — where the fingerprint of those
+    classes now is not ``fingerprint``, the one worked out with the watch: none for a helper
+    defined again with the same code. :func:`code_changes` does not say them, as a graph
+    works its fingerprints out again; a taker that keeps what the old code computed under
+    one fingerprint, or runs it as it was traced, asks this after it."""
+    for live, copied in zip(watch.lives, watch.copies, strict=True):
+        if not isinstance(live, _Looked):
+            continue
+        rebound = [
+            f"{space.get('__name__', '')}:{name}"
+            for space, name, was, now in zip(
+                live.spaces, live.names, copied, live.values(), strict=True
+            )
+            if now is not was
+        ]
+        if rebound and fingerprint_of(*watch.given) != fingerprint:
+            return rebound
+    return []
 
 
 def watched_again(watch: CodeWatch) -> CodeWatch:
