@@ -55,7 +55,13 @@ import torch
 from torch import nn
 
 from somatize._arrays import looked_at as _looked_at
-from somatize.catalog import CodeWatch, code_changes, watch_code, watched_again
+from somatize.catalog import (
+    CodeWatch,
+    code_changes,
+    fingerprint_of,
+    names_rebound,
+    watch_code,
+)
 from somatize_torch._errors import WrapError
 from somatize_torch._modes import in_torch, read_by
 from somatize_torch._settings import (
@@ -557,7 +563,14 @@ class Values:
         self.keyed = keyed
         """The model's modules, weights and buffers, keyed as its state, not as code
         (:func:`~somatize_torch.freeze.keyed_with`)."""
-        self._code: CodeWatch | None = watch_code(traced, keyed) if traced else None
+        if traced:  # worked out before the watch too, which watches the names of their
+            # modules it looked up (a global rebound) only once it is
+            fingerprint_of(*traced)
+        self._code: CodeWatch | None = self._watch() if traced else None
+        self._fingerprint = fingerprint_of(*traced) if traced else ""
+        """The fingerprint of the classes' code as fx traced it: a global or helper of their
+        modules rebound since is a change where it is another now
+        (:func:`~somatize.catalog.names_rebound`)."""
         self.reads: list[Read] = []
         self._values: list[Any] = []
         self._containers: list[int] = []
@@ -700,6 +713,12 @@ class Values:
                 return False
         return True
 
+    def _watch(self) -> CodeWatch:
+        """The watch of the traced classes' code (:func:`~somatize.catalog.watch_code`) but
+        of the classes it names (a cached part's, `self.encoder = Encoder()`): a cached part
+        is called whole, not traced, and what it answers is keyed by its own code."""
+        return watch_code(self.traced, self.keyed, named_classes=False)
+
     def check(self) -> None:
         """WrapError when something the code read holds another value now; a value put
         back as it was (the same number assigned again) is taken as it is."""
@@ -708,7 +727,7 @@ class Values:
             # (`model.block.__dict__ = {...}`): the tables are taken as they are now.
             self._quick = self._tables()
             if self._code is None and self.traced:
-                self._code = watch_code(self.traced, self.keyed)
+                self._code = self._watch()
         owners, absent, absent_names, givers, given_names, given = self._quick
         names = (read.name for read in self.reads)
         code = self._code
@@ -806,7 +825,10 @@ class Values:
             changed = code_changes(code)
             if changed:
                 raise _code_changed(changed, self.model)
-            self._code = watched_again(code)  # what no code reads (`__slotnames__`)
+            rebound = names_rebound(code, self._fingerprint)
+            if rebound:
+                raise _rebound(rebound, self.model)
+            self._code = self._watch()  # what no code reads (`__slotnames__`)
         if reread is not None:
             raise reread
 
@@ -931,6 +953,20 @@ def _code_changed(changed: list[str], model: str) -> WrapError:
         "wrapped model runs, which would go on computing with the old code. Wrap the "
         "model again after changing it (`somatize.torch.wrap(model, ...)`, then "
         "`freeze`), or set it back"
+    )
+
+
+def _rebound(rebound: list[str], model: str) -> WrapError:
+    """The refusal of a call after the globals or helpers ``rebound`` names were rebound."""
+    said = ", ".join(f"`{name}`" for name in rebound[:6])
+    one = len(rebound) == 1
+    return WrapError(
+        f"{said} {'was' if one else 'were'} rebound in {'its module' if one else 'their modules'} "
+        f"(a cell run again) after `wrap` traced `{model}.forward`: fx traced the values "
+        "the model's code read and the helpers it called, as they were then, into the code "
+        "the wrapped model runs, which would go on computing with them. Wrap the model "
+        "again after changing it (`somatize.torch.wrap(model, ...)`, then `freeze`), or set "
+        "it back"
     )
 
 

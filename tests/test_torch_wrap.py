@@ -9183,6 +9183,77 @@ def test_code_changed_as_the_config_is_set_back_is_refused_not_run_as_traced(
             wrapped(x)
 
 
+_OFFSET_CELL = """
+from torch import nn
+
+OFFSET = 1.0
+
+
+def doubled(t):
+    return t * 2
+
+
+class OffsetByAGlobal(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return doubled(self.head(self.encoder(x))) + OFFSET
+"""
+
+
+def _offset_cell(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A notebook cell defining ``OffsetByAGlobal``, whose forward reads the global
+    ``OFFSET`` and calls the helper ``doubled`` of its module."""
+    cell = types.ModuleType("tests.wrap_cell")
+    exec(compile(_OFFSET_CELL, "<cell>", "exec"), vars(cell))
+    monkeypatch.setitem(sys.modules, cell.__name__, cell)
+    return cell
+
+
+def test_a_global_the_model_s_forward_reads_rebound_is_refused_until_set_back(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A global the model's forward reads, rebound (a notebook's cell run again with
+    ``OFFSET = 7.0``), was traced into the code the wrapped model runs as it was then, as
+    the class's code was: the next call is refused naming it, as one after a method set on
+    the class is, never run with the old value; set back, the wrapped model answers
+    again."""
+    cell = _offset_cell(monkeypatch)
+    model = cell.OffsetByAGlobal()
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        first = wrapped(x)
+        assert torch.equal(first, model(x))
+        exec("OFFSET = 7.0", vars(cell))
+        with pytest.raises(smt.WrapError, match=r"`tests\.wrap_cell:OFFSET` was rebound"):
+            wrapped(x)
+        exec("OFFSET = 1.0", vars(cell))
+        assert torch.equal(wrapped(x), first)
+
+
+def test_a_helper_the_model_s_forward_calls_rebound_is_refused_not_the_same_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A helper of its module the model's forward calls, defined again with other code (a
+    cell run again, edited), refuses the next call; defined again with the same code (the
+    cell run again as it was), it is no change, and the wrapped model goes on answering."""
+    cell = _offset_cell(monkeypatch)
+    model = cell.OffsetByAGlobal()
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        first = wrapped(x)
+        exec("def doubled(t):\n    return t * 2\n", vars(cell))
+        assert torch.equal(wrapped(x), first)
+        exec("def doubled(t):\n    return t * 3\n", vars(cell))
+        with pytest.raises(smt.WrapError, match=r"`tests\.wrap_cell:doubled` was rebound"):
+            wrapped(x)
+
+
 class Noisy(nn.Module):
     """Adds noise whatever its mode: each call draws anew."""
 

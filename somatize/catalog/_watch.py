@@ -185,7 +185,9 @@ def _hear_code_set() -> None:
     _HEARING[0] = _SETS[0] != before
 
 
-def watch_code(kinds: Iterable[type], keyed: Iterable[Any] = ()) -> CodeWatch:
+def watch_code(
+    kinds: Iterable[type], keyed: Iterable[Any] = (), named_classes: bool = True
+) -> CodeWatch:
     """What the fingerprints of ``kinds`` were worked out from, laid out so that a change
     is found in one comparison made in C: the namespace of each class of their lineages
     (as :func:`fingerprint_of` takes them) and a copy of it, which differ once a method
@@ -222,7 +224,11 @@ def watch_code(kinds: Iterable[type], keyed: Iterable[Any] = ()) -> CodeWatch:
     object, seen replaced by the watch of the cell, the defaults or the partial, and what it
     holds is not read here — else freezing it (eval, no grad) would be taken for a change of
     the code of a class that merely reaches it (``def make(sub): class M: def
-    __init__(s): s.encoder = sub``)."""
+    __init__(s): s.encoder = sub``).
+
+    ``named_classes`` False leaves out the namespaces of the helper classes their code names
+    (:class:`_ClassSeen`), for a taker that runs their objects whole and keys what they
+    compute by their own fingerprints (a wrapped model's cached parts)."""
     _hear_code_set()
     given = tuple(kinds)
     keyed = tuple(keyed)
@@ -304,7 +310,7 @@ def watch_code(kinds: Iterable[type], keyed: Iterable[Any] = ()) -> CodeWatch:
                 if helper.__kwdefaults__:  # `helper.__kwdefaults__["by"] = 7`
                     lives.append(helper.__kwdefaults__)
                     labels.append(at)
-            written = was.held() if isinstance(was, _ClassSeen) else None
+            written = was.held() if isinstance(was, _ClassSeen) and named_classes else None
             if written is not None and id(written) not in bodies:  # `Config.by = 3` since
                 bodies.add(id(written))
                 at = f"{written.__module__}:{written.__qualname__}"
