@@ -52,7 +52,9 @@ the module's, a checkpoint loads into the unwrapped module, and a submodule put
 into the module after it was wrapped is saved, loaded and converted through the
 wrapper too. A copy (``copy.deepcopy``: an EMA or SWA model) or a pickle
 (``torch.save`` of a model holding it) caches a copy of the module the same way
-into the same store, with memory tiers of its own. Rows computed under
+into the same store, with memory tiers of its own; a copy of a cache handed back
+(:meth:`CachedRows.hand_back`) is handed back too, its module left as the copied model
+has it. Rows computed under
 ``torch.inference_mode`` are kept like any others.
 """
 
@@ -622,14 +624,18 @@ class CachedRows(nn.Module):
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled (``torch.save`` of a model holding it) as its module, store and options:
         what it loads as caches the same way, with memory tiers of its own (and the
-        writer of its store in the process it loads in)."""
-        return (_cached_again, (self.module, self.store, self._options(), self.training))
+        writer of its store in the process it loads in), handed back if it was."""
+        made = (self.module, self.store, self._options(), self.training, self._handed_back)
+        return (_cached_again, made)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> CachedRows:
         """A copy (an EMA or SWA model's) caches a copy of the module in the same store, with
-        memory tiers of its own; the store's writer is shared (:class:`Writer`)."""
-        copied = cache_rows(copy.deepcopy(self.module, memo), self.store, **self._options())
-        copied.training = self.training
+        memory tiers of its own, handed back if this is; the store's writer is shared
+        (:class:`Writer`)."""
+        module = copy.deepcopy(self.module, memo)
+        copied = _cached_again(
+            module, self.store, self._options(), self.training, self._handed_back
+        )
         memo[id(self)] = copied
         return copied
 
@@ -710,9 +716,22 @@ _CONTAINER = ("__getitem__", "__len__", "__iter__")
 
 
 def _cached_again(
-    module: nn.Module, store: Store | None, options: dict[str, Any], training: bool
+    module: nn.Module,
+    store: Store | None,
+    options: dict[str, Any],
+    training: bool,
+    handed_back: bool = False,
 ) -> CachedRows:
-    cached = cache_rows(module, store, **options)
+    """A copy of a cache, over ``module`` (a copy of its module). One handed back leaves
+    the module as it is: it is the copied model's, which may train it (copied with the
+    cache, or pickled with it, as ``strategy="ddp_spawn"`` pickles the trainer with the
+    model), so it is held frozen only while the cache is made."""
+    if not handed_back:
+        cached = cache_rows(module, store, **options)
+    else:
+        with held_while(module):
+            cached = cache_rows(module, store, **options)
+        cached.hand_back()
     cached.training = training
     return cached
 

@@ -1325,6 +1325,39 @@ def test_a_model_holding_a_cache_copies_and_saves(store: Store, tmp_path: Path) 
         cached.close()
 
 
+def test_a_cache_handed_back_copies_with_its_model_leaving_the_module_as_the_model_has_it(
+    tmp_path: Path,
+) -> None:
+    """A row cache handed back (``CacheFrozen`` keeps it so between stages), copied or
+    pickled together with the model that trains its module (``strategy="ddp_spawn"``
+    pickles the trainer, its callbacks and the model at once), copies as a cache handed
+    back: its module is the copied model's, left in train mode and requiring grad, and a
+    call of the copy answers as the module frozen in eval and leaves it so. The copy froze
+    the model's module for good: held in eval, its parameters requiring no grad, so the
+    copied model's optimizer never moved them."""
+    module = encoder()
+    model = nn.Sequential(module, nn.Linear(4, 2))
+    cached = cache_rows(module)
+    cached.hand_back()
+    release(module)  # its model's again, in train mode, trained
+    module.requires_grad_(True)
+    x = images(3)
+    torch.save((model, cached), tmp_path / "both.pt")
+    for twin, copied in (
+        copy.deepcopy((model, cached)),
+        torch.load(tmp_path / "both.pt", weights_only=False),
+    ):
+        assert copied.module is twin[0]
+        assert not is_held(twin[0]) and all(part.training for part in twin[0].modules())
+        assert all(p.requires_grad for p in twin[0].parameters())
+        with torch.no_grad():
+            twin[0][0].weight.add_(1.0)  # the copy's model trains it
+        assert torch.equal(copied(x), expected(copy.deepcopy(twin[0]), x))
+        assert not is_held(twin[0]) and all(part.training for part in twin[0].modules())
+        assert all(p.requires_grad for p in twin[0].parameters())
+        assert not is_held(module) and module.training
+
+
 def test_index_keys_miss_when_the_dataset_version_changes(store: Store, tmp_path: Path) -> None:
     """Keyed by index, rows recall under the same dataset version and miss under another."""
     data = images(32)
