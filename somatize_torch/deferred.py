@@ -162,6 +162,14 @@ class Deferred(Dataset[Any]):
         self.__dict__.update(state)
         _KNOWN.setdefault(self.name, self)  # a copy in a spawned DataLoader worker
 
+    def __copy__(self) -> Deferred:
+        """A dataset of its own (its own name, nothing answered yet), over the same inputs
+        and what is handed out beside them: under the original's name, a copy given other
+        inputs and a version of their own (a second split made from the first) would have
+        the rows its batches bring without their input loaded from the original. The dtype
+        and shape of a row are learned again, from the inputs it holds then."""
+        return Deferred(self.inputs, *self.beside, version=self.version)
+
     def __deepcopy__(self, memo: dict[int, Any]) -> Deferred:
         """A dataset of its own (its own name, nothing answered yet), over copies of the
         inputs and of what is handed out beside them."""

@@ -475,6 +475,27 @@ def test_a_copied_deferred_is_a_dataset_of_its_own(tmp_path: Path) -> None:
         assert torch.equal(cached(rows), cached.module(x[rows.index]))
 
 
+def test_a_shallow_copy_of_a_deferred_given_other_inputs_loads_its_own(tmp_path: Path) -> None:
+    """``copy.copy`` of a Deferred (a second split made from the first, given other inputs
+    under a version of their own) is a dataset of its own, whose batches load from it,
+    and nothing the original's cache answered counts as answered there. It had the
+    original's name and flags of answered samples: its samples came without their inputs
+    once the original's were answered, the cache loaded them from the original and kept
+    the original's answers under the copy's version."""
+    first, second = images(10, 8), images(11, 8)
+    data = Deferred(first, torch.arange(8), version="first@1")
+    other = copy.copy(data)
+    other.inputs, other.version = second, "second@1"
+    assert other.name != data.name and other.beside == data.beside
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    with torch.no_grad():
+        for rows, _ in batches(data, size=4):
+            cached(rows)
+        for rows, index in batches(other, size=4):
+            assert torch.equal(cached(rows), cached.module(second[index]))
+    cached.close()
+
+
 def test_an_input_unlike_the_first_is_refused(tmp_path: Path) -> None:
     """Inputs of one Deferred are rows of one dtype and shape; another is refused as it
     loads, with nothing kept for it."""
