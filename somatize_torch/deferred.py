@@ -160,7 +160,15 @@ class Deferred(Dataset[Any]):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        _KNOWN.setdefault(self.name, self)  # a copy in a spawned DataLoader worker
+        # A copy in a spawned DataLoader worker takes the name its batches travel under.
+        if _KNOWN.setdefault(self.name, self) is not self:
+            # Loaded where the one saved lives (`torch.load` in the same process), which
+            # may hold other inputs by now: a dataset of its own, its batches loading from
+            # it, none of its samples answered (it was saved with the other's flags).
+            self.name = secrets.token_hex(8)
+            answered = torch.zeros(self._count, dtype=torch.bool)
+            self.answered = answered.share_memory_()  # type: ignore[no-untyped-call]
+            _KNOWN[self.name] = self
 
     def __copy__(self) -> Deferred:
         """A dataset of its own (its own name, nothing answered yet), over the same inputs

@@ -496,6 +496,30 @@ def test_a_shallow_copy_of_a_deferred_given_other_inputs_loads_its_own(tmp_path:
     cached.close()
 
 
+def test_a_deferred_loaded_where_the_one_saved_lives_loads_its_own(tmp_path: Path) -> None:
+    """A Deferred saved whole (``torch.save``) once a cache answered its samples, and
+    loaded in the process that still holds it, once that one was given other inputs under
+    a new version, is a dataset of its own, whose batches load the inputs it was saved
+    with. It had the name the live one holds: its samples, answered when saved, came
+    without their inputs, and another cache loaded them from the live one and kept the
+    new inputs' answers under the old version."""
+    first, second = images(12, 8), images(13, 8)
+    data = Deferred(first, torch.arange(8), version="data@1")
+    with torch.no_grad():
+        earlier = cache_rows(encoder(), key="index")
+        for rows, _ in batches(data, size=4):
+            earlier(rows)
+        torch.save(data, tmp_path / "data.pt")
+        data.inputs, data.version = second, "data@2"
+        saved = torch.load(tmp_path / "data.pt", weights_only=False)
+        assert saved.name != data.name and saved.version == "data@1"
+        cached = cache_rows(nn.Sequential(encoder(), nn.Tanh()), key="index")
+        for rows, index in batches(saved, size=4):
+            assert torch.equal(cached(rows), cached.module(first[index]))
+        for rows, index in batches(data, size=4):
+            assert torch.equal(cached(rows), cached.module(second[index]))
+
+
 def test_an_input_unlike_the_first_is_refused(tmp_path: Path) -> None:
     """Inputs of one Deferred are rows of one dtype and shape; another is refused as it
     loads, with nothing kept for it."""
