@@ -335,8 +335,8 @@ def watch_code(
             if not isinstance(was, _HeldSeen) or by is None:
                 continue
             table = _space_of(by).get(name, _ABSENT)
-            if id(table) in tables:
-                continue
+            if id(table) in tables or id(table) in elsewhere:
+                continue  # one the taker keys (a model's module): seen rebound by _Looked
             if table is not was.held:  # rebound since: as first seen, as a graph built now
                 if type(table) not in _CONTAINERS or not _plain_table(table):
                     continue  # an object of a helper class: seen rebound (:class:`_Looked`)
