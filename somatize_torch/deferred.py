@@ -317,19 +317,38 @@ class DeferredRows:
             )
         return found
 
+    def loadable(self) -> Deferred:
+        """The :class:`Deferred` these rows come from, if it holds the inputs of the version
+        they were handed out under. One given other inputs under a new version since (a
+        DataLoader's persistent workers hand out rows of the Deferred as it was when they
+        started) would load the new inputs, and the cache keep what they compute under the
+        rows' version, recalled for its samples after."""
+        dataset = self.dataset()
+        if dataset.version != self.version:
+            raise NotLoadable(
+                f"these rows were handed out under version {_named(self.version)} and their "
+                f"Deferred holds version {_named(dataset.version)} now: its inputs are no "
+                "longer the ones these rows name, and what they compute would be kept under "
+                "the old version. Make the DataLoader again after giving the Deferred other "
+                "inputs (persistent workers hold it as it was when they started)"
+            )
+        return dataset
+
     def row(self) -> tuple[torch.dtype, torch.Size]:
         """The dtype and shape of one input row (see :meth:`Deferred.row`), from the inputs
         given with the batch where it is not known yet."""
         dataset = self.dataset()
         if dataset._row is None and self.given is not None:
             dataset.check(self.given, self._indices(self.given_at))
+        if dataset._row is None:  # sample 0 is read, which must be of the rows' version
+            self.loadable()
         return dataset.row()
 
     def load(self, positions: Sequence[int] | None = None) -> torch.Tensor:
         """The inputs of the rows at batch ``positions`` (all by default), on ``device``:
         those given with the batch as they came, the others loaded now."""
         wanted = list(range(len(self))) if positions is None else list(positions)
-        dataset = self.dataset()
+        dataset = self.loadable()
         slot = {p: k for k, p in enumerate(self.given_at)}
         came = [k for k, p in enumerate(wanted) if p in slot]
         if self.given is None or not came:
@@ -353,7 +372,9 @@ class DeferredRows:
         so their inputs are not loaded with the samples from now on (where a worker would
         load them for nothing)."""
         index = self.index if positions is None else self.index[list(positions)]
-        self.dataset().answered[index] = True
+        dataset = self.dataset()
+        if dataset.version == self.version:  # else answered for inputs it no longer holds
+            dataset.answered[index] = True
 
     def _indices(self, positions: Sequence[int]) -> list[int]:
         every: list[int] = self.index.tolist()
@@ -373,6 +394,10 @@ def _collate(batch: list[Row], *, collate_fn_map: Any = None) -> DeferredRows:
     given_at = [p for p, row in enumerate(batch) if row.value is not None]
     given = default_collate([batch[p].value for p in given_at]) if given_at else None
     return DeferredRows(source, index, batch[0].version, torch.device("cpu"), given, given_at)
+
+
+def _named(version: str | None) -> str:
+    return "none (the cache's)" if version is None else f"`{version}`"
 
 
 def _length(value: Any) -> str:

@@ -570,3 +570,30 @@ def test_rows_kept_nowhere_are_not_marked_answered() -> None:
         with torch.no_grad():
             assert torch.allclose(cached(x), module(inputs.images[labels]), atol=1e-6)
     assert given == ROWS - 20
+
+
+def test_rows_handed_out_before_their_deferred_changed_version_are_not_loaded(
+    tmp_path: Path,
+) -> None:
+    """Rows handed out under one version (by a DataLoader's persistent workers, which hold
+    the Deferred as it was when they started, or made before) whose Deferred was given other
+    inputs under a new version since are refused where a cache would load them, naming both
+    versions: the inputs loaded now are the new version's, and the cache would keep what
+    they compute under the old one, recalled for its samples after. A cache holding their
+    rows answers them without loading anything, and the new version's rows load its inputs."""
+    first, second = images(14, 8), images(15, 8)
+    data = Deferred(first, version="data@1")
+    earlier = cache_rows(encoder(), tmp_path, key="index")
+    with torch.no_grad():
+        for rows in batches(data, size=4):
+            earlier(rows)
+        handed_out = batches(data, size=4)  # their samples answered: no input came
+        assert all(rows.given is None for rows in handed_out)
+        data.inputs, data.version = second, "data@2"
+        cached = cache_rows(nn.Sequential(encoder(), nn.Tanh()), tmp_path, key="index")
+        with pytest.raises(NotLoadable, match=r"handed out under version `data@1`.*`data@2`"):
+            cached(handed_out[0])
+        for rows in handed_out:
+            assert torch.equal(earlier(rows), earlier.module(first[rows.index]))
+        for rows in batches(data, size=4):
+            assert torch.equal(cached(rows), cached.module(second[rows.index]))
