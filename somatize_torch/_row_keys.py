@@ -398,11 +398,13 @@ def _code_as_cached(self: CachedRows) -> None:
     said = ", ".join(f"`{name}`" for name in changed[:6])
     kind = type(self.module).__qualname__
     one = len(changed) == 1
-    how = (
-        f"{'was' if one else 'were'} set on the class, added or deleted"
-        if code_changes(code)
-        else f"{'was' if one else 'were'} rebound in {'its module' if one else 'their modules'}"
-    )
+    if not code_changes(code):
+        how = f"rebound in {'its module' if one else 'their modules'}"
+    elif all(":" in name for name in changed):  # `module:name`: what a module holds
+        how = "changed in place"
+    else:
+        how = "set on the class, added or deleted, or changed in place"
+    how = f"{'was' if one else 'were'} {how}"
     raise RowsError(
         f"{said} {how} "
         f"after `cache_rows` cached the `{kind}`: its rows are keyed by its class, structure "

@@ -2888,6 +2888,23 @@ def test_a_helper_the_cached_module_s_forward_calls_rebound_is_refused_not_the_s
         cached(x)
 
 
+def test_a_global_tensor_the_cached_module_s_forward_reads_changed_in_place_says_so(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A global tensor the module's forward reads, written in place (``MEAN[0] = 5.0``),
+    refuses the cache with a message saying it changed in place: it said the global was
+    set on the class, added or deleted, which no one did."""
+    cell = _scaled_cell(monkeypatch)
+    exec("import torch\nMEAN = torch.zeros(3)\n", vars(cell))
+    exec("def halved(t):\n    return t / 2 - MEAN\n", vars(cell))
+    cached = cache_rows(cell.ScaledByAGlobal(), store=store)
+    x = torch.randn(5, 6)
+    cached(x)
+    cell.MEAN[0] = 5.0
+    with pytest.raises(RowsError, match=r"`tests\.rows_cell:MEAN` was changed in place after"):
+        cached(x)
+
+
 class CountedOnItsClass(OnALinear):
     """Counts its calls on its class."""
 
