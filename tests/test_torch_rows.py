@@ -2888,6 +2888,22 @@ def test_a_helper_the_cached_module_s_forward_calls_rebound_is_refused_not_the_s
         cached(x)
 
 
+def test_a_cell_run_again_edited_names_only_the_global_it_changed(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cell defining the module run again with ``SCALE`` edited rebinds every name it
+    defines: the refusal names ``SCALE``, not the helper defined again with the same code,
+    which it named beside it as rebound as well."""
+    cell = _scaled_cell(monkeypatch)
+    cached = cache_rows(cell.ScaledByAGlobal(), store=store)
+    x = torch.randn(5, 6)
+    cached(x)
+    edited = _SCALED_CELL.replace("SCALE = 2.0", "SCALE = 3.0")
+    exec(compile(edited, "<cell>", "exec"), vars(cell))
+    with pytest.raises(RowsError, match=r"^`tests\.rows_cell:SCALE` was rebound in its module"):
+        cached(x)
+
+
 def test_a_global_tensor_the_cached_module_s_forward_reads_changed_in_place_says_so(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

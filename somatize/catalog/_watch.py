@@ -34,6 +34,7 @@ from somatize.catalog._functions import (
     _bound_objects,
     _closed_objects,
     _default_tables,
+    _function_bytes,
     _partial_keywords,
 )
 from somatize.catalog._held import (
@@ -42,6 +43,7 @@ from somatize.catalog._held import (
     _held_arrays,
     _held_bytes,
     _items_base,
+    _opaque_bytes,
     _runner,
     _Unnamed,
 )
@@ -71,9 +73,11 @@ from somatize.catalog._members import (
 )
 from somatize.catalog._names import (
     _ABSENT,
+    _OTHER,
     _ArraySeen,
     _class_objects,
     _ClassSeen,
+    _found_as,
     _FunctionSeen,
     _HeldSeen,
     _HelperSeen,
@@ -820,15 +824,48 @@ def names_rebound(watch: CodeWatch, fingerprint: str) -> list[str]:
         if not isinstance(live, _Looked):
             continue
         rebound = [
-            f"{space.get('__name__', '')}:{name}"
+            (space.get("__name__", ""), name, was, now)
             for space, name, was, now in zip(
                 live.spaces, live.names, copied, live.values(), strict=True
             )
             if now is not was
         ]
         if rebound and fingerprint_of(*watch.given) != fingerprint:
-            return rebound
+            # A cell run again rebinds every name it defines: those the fingerprint notes
+            # alike (the same number, a helper with the same code) are not what changed.
+            said = [(module, name) for module, name, was, now in rebound]
+            unlike = [
+                (module, name)
+                for module, name, was, now in rebound
+                if not _noted_alike(was, now, module, name)
+            ]
+            return [f"{module}:{name}" for module, name in unlike or said]
     return []
+
+
+def _noted_alike(was: Any, now: Any, module: str, name: str) -> bool:
+    """Whether ``was`` and ``now``, what ``name`` of ``module`` held when a watch was taken
+    and holds now, are noted alike by a fingerprint (:func:`_found_as`): the same plain
+    value, a function or helper class written the same, a tensor of the same values. Any
+    other (a module, a partial) is not taken as alike."""
+    try:
+        then, since = _found_as(was, module, name), _found_as(now, module, name)
+        if then is _OTHER and since is _OTHER:  # a tensor is named by its values
+            noted = _opaque_bytes(was)
+            return (
+                noted is not None and noted.startswith(b"tensor ") and noted == _opaque_bytes(now)
+            )
+        if then is _OTHER or since is _OTHER or type(then) is not type(since):
+            return False
+        if isinstance(then, _FunctionSeen):  # noted by identity: by how each is written
+            return _function_bytes(was) == _function_bytes(now)
+        if isinstance(then, _ClassSeen):
+            return bool(then.code == since.code)
+        if isinstance(then, _HelperSeen):
+            return False
+        return bool(then == since)
+    except Exception:  # a value whose `==` says no bool
+        return False
 
 
 def watched_again(watch: CodeWatch) -> CodeWatch:
