@@ -224,8 +224,9 @@ def watch_code(
 
     ``keyed`` are objects whose state the taker keys and watches itself (the modules of a
     model: their weights digested, their modes held or read where they are keyed): one that
-    a function of theirs closes over, takes by default or a partial binds is that very
-    object, seen replaced by the watch of the cell, the defaults or the partial, and what it
+    a function of theirs closes over, takes by default, a partial binds or their code reads
+    from a name of their module (``self.encoder = SHARED``) is that very object, seen
+    replaced by the watch of the cell, the defaults, the partial or the name, and what it
     holds is not read here — else freezing it (eval, no grad) would be taken for a change of
     the code of a class that merely reaches it (``def make(sub): class M: def
     __init__(s): s.encoder = sub``).
@@ -340,7 +341,7 @@ def watch_code(
                 continue
             table = _space_of(by).get(name, _ABSENT)
             if id(table) in tables or id(table) in elsewhere:
-                continue  # one the taker keys (a model's module): seen rebound by _Looked
+                continue  # a module of the model's (`self.encoder = SHARED`): keyed as its state
             if table is not was.held:  # rebound since: as first seen, as a graph built now
                 if type(table) not in _CONTAINERS or not _plain_table(table):
                     continue  # an object of a helper class: seen rebound (:class:`_Looked`)
