@@ -348,11 +348,13 @@ class DeferredRows:
         """The inputs of the rows at batch ``positions`` (all by default), on ``device``:
         those given with the batch as they came, the others loaded now."""
         wanted = list(range(len(self))) if positions is None else list(positions)
-        dataset = self.loadable()
+        dataset = self.dataset()
         slot = {p: k for k, p in enumerate(self.given_at)}
         came = [k for k, p in enumerate(wanted) if p in slot]
+        # Inputs that came with the rows are of the version they name, whatever the
+        # Deferred holds now; only those loaded here must be of it (:meth:`loadable`).
         if self.given is None or not came:
-            batch = dataset.load(self._indices(wanted))
+            batch = self.loadable().load(self._indices(wanted))
         else:
             given = dataset.check(self.given, self._indices(self.given_at))
             picked = given if wanted == self.given_at else given[[slot[wanted[k]] for k in came]]
@@ -362,9 +364,8 @@ class DeferredRows:
             else:
                 batch = torch.empty((len(wanted), *given.shape[1:]), dtype=given.dtype)
                 batch[came] = picked
-                batch[rest] = dataset.load(self._indices([wanted[k] for k in rest])).to(
-                    batch.device
-                )
+                loaded = self.loadable().load(self._indices([wanted[k] for k in rest]))
+                batch[rest] = loaded.to(batch.device)
         return batch.to(self.device) if batch.device != self.device else batch
 
     def answered(self, positions: Sequence[int] | None = None) -> None:

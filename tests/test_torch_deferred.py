@@ -597,3 +597,21 @@ def test_rows_handed_out_before_their_deferred_changed_version_are_not_loaded(
             assert torch.equal(earlier(rows), earlier.module(first[rows.index]))
         for rows in batches(data, size=4):
             assert torch.equal(cached(rows), cached.module(second[rows.index]))
+
+
+def test_rows_that_came_with_their_inputs_before_a_new_version_are_answered_from_them(
+    tmp_path: Path,
+) -> None:
+    """Rows handed out under one version with their inputs (loaded by a worker holding the
+    Deferred as it was) are computed from those inputs and kept under that version, though
+    the Deferred holds another version now: nothing of the new version is loaded for them."""
+    first, second = images(14, 8), images(15, 8)
+    data = Deferred(first, version="data@1")
+    with torch.no_grad():
+        handed_out = batches(data, size=4)  # nothing answered yet: every input came
+        assert all(rows.given is not None for rows in handed_out)
+        data.inputs, data.version = second, "data@2"
+        cached = cache_rows(encoder(), tmp_path, key="index")
+        for rows in handed_out:
+            assert torch.equal(cached(rows), cached.module(first[rows.index]))
+        assert cached.stats.computed == 8
