@@ -732,7 +732,7 @@ class Values:
         names = (read.name for read in self.reads)
         code = self._code
         if (
-            (code is None or _same_code(code))
+            (code is None or code.looks_same())
             and all(map(operator.is_, map(dict.get, owners, names), self._values))
             and all(
                 map(_same_items, (_items(self._values[i]) for i in self._containers), self._items)
@@ -821,7 +821,7 @@ class Values:
             value = _class_value(type(read.module), read.name)
             if value is not was:
                 reread = _refused(reread, self._changed(read, was, value, given=False))
-        if code is not None and not _same_code(code):
+        if code is not None and not code.looks_same():
             changed = code_changes(code)
             if changed:
                 raise _code_changed(changed, self.model)
@@ -968,11 +968,6 @@ def _rebound(rebound: list[str], model: str) -> WrapError:
         "again after changing it (`somatize.torch.wrap(model, ...)`, then `freeze`), or set "
         "it back"
     )
-
-
-def _same_code(code: CodeWatch) -> bool:
-    """Whether the classes ``code`` watches hold what they held when it was taken."""
-    return code.looks_same()
 
 
 def _got_again(got: list[Any]) -> Any:
