@@ -101,17 +101,25 @@ def _progress(enabled: bool) -> Progress | None:
 
 
 def _protocols_of(where: str) -> set[str]:
-    """Every name of the filesystem that URL ``where`` is on (``local://`` is fsspec's
-    other name for ``file://``), the last of a chain (``simplecache::file://…``); empty
-    when fsspec does not know it (opening it says why)."""
-    scheme = where.rsplit("::", 1)[-1].split("://", 1)[0]
+    """Every name of the filesystem the store at URL ``where`` lies in (``local://`` is
+    fsspec's other name for ``file://``): the first of a chain that is no cache in front of
+    the next (``file`` in ``simplecache::file://…``, ``zip`` in ``zip://store::file://…``,
+    whose store lies in the archive, not in the directory the archive is in); empty when
+    fsspec does not know it (opening it says why)."""
     try:
+        from fsspec.implementations.cached import CachingFileSystem
         from fsspec.registry import get_filesystem_class
-
-        protocol = get_filesystem_class(scheme).protocol
-    except (ImportError, ValueError):
+    except ImportError:
         return set()
-    return {protocol} if isinstance(protocol, str) else set(protocol)
+    for link in where.split("::"):
+        try:
+            kind = get_filesystem_class(link.split("://", 1)[0])
+        except (ImportError, ValueError):
+            return set()
+        if not issubclass(kind, CachingFileSystem):
+            protocol = kind.protocol
+            return {protocol} if isinstance(protocol, str) else set(protocol)
+    return set()
 
 
 _LEFT_AS_IT_WAS = {

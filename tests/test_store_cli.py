@@ -6,6 +6,7 @@ import builtins
 import errno
 import io
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -178,6 +179,33 @@ def test_a_file_url_that_is_no_store_exits_2_and_creates_nothing(
     assert not missing.exists()
     store = _store(tmp_path)
     assert main(["store", "ls", "--store", f"file://{store.root}"]) == 0
+
+
+@pytest.mark.parametrize("archive", ["zip", "tar"])
+def test_a_store_in_an_archive_is_read_by_every_command_that_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], archive: str
+) -> None:
+    """A store packed into an archive (`zip://store::file://…`, as docs/store.md names it) is
+    listed, measured, verified and shown; a gc says the archive is only read (status 2).
+    Every command took the URL for the archive's file and said it was a file, not a
+    directory: no store."""
+    _store(tmp_path)
+    packed = shutil.make_archive(str(tmp_path / "packed"), archive, tmp_path, "store")
+    url = f"{archive}://store::file://{packed}"
+    assert main(["store", "ls", "--store", url]) == 0
+    assert "sms/train" in capsys.readouterr().out
+    assert main(["store", "du", "--store", url]) == 0
+    assert "total" in capsys.readouterr().out
+    assert main(["store", "verify", "--store", url]) == 0
+    assert "1 names" in capsys.readouterr().out
+    assert main(["store", "show", "sms/train", "--store", url]) == 0
+    assert "sms/train → blake3:" in capsys.readouterr().out
+    assert main(["store", "gc", "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert f"the store is in a {archive} archive" in err and len(err.splitlines()) == 1
+    missing = f"{archive}://store::file://{tmp_path / 'missing'}.{archive}"
+    assert main(["store", "ls", "--store", missing]) == 2
+    assert "cannot open" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("scheme", ["local://", "simplecache::file://"])
