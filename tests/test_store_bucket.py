@@ -1578,6 +1578,29 @@ def test_a_gc_of_a_store_in_an_archive_says_it_is_only_read(tmp_path: Path, grac
     assert bytes(store.recall(key)[1]) == b"features"
 
 
+@pytest.mark.parametrize("archive", ["zip", "tar"])
+def test_a_verify_that_would_quarantine_in_an_archive_says_it_is_only_read(
+    tmp_path: Path, archive: str
+) -> None:
+    """verify(quarantine=True) of a store in an archive with a damaged blob reports the
+    damage and says of each file it would move aside that the archive is only read, as of
+    a read-only store, and changes nothing: it failed with an empty NotImplementedError from
+    fsspec as it began to move the first aside."""
+    local = Store(tmp_path / "store")
+    digest = local.put(b"features " * 100)
+    local.bind("data/v1", digest)
+    blob = tmp_path / "store" / "blobs" / digest[7:9] / digest[7:]
+    blob.write_bytes(b"X" + blob.read_bytes()[1:])
+    packed = shutil.make_archive(str(tmp_path / "packed"), archive, tmp_path, "store")
+    store = Store(f"{archive}://store::file://{packed}")
+    found = store.verify(quarantine=True)
+    assert [damage.section for damage in found.damaged] == ["blobs", "names"]  # names stay
+    assert not found.quarantined
+    assert list(found.unmoved) == [f"blobs/{digest[7:9]}/{digest[7:]}"]
+    assert f"the store is in a {archive} archive" in next(iter(found.unmoved.values()))
+    assert store.resolve("data/v1") == digest
+
+
 @pytest.mark.parametrize("name", ["missing.zip", ""])
 def test_an_archive_that_cannot_be_opened_is_a_store_error(tmp_path: Path, name: str) -> None:
     """A store opened in an archive that is not there, or at a folder, is a StoreError

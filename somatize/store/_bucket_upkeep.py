@@ -342,7 +342,11 @@ class BucketShelf(BucketRequests):
     def _quarantine(self, section: str, name: str, was: bytes | None = None) -> bool | None:
         """Given ``was``, the file is read again first and left if it changed: a bucket has
         no atomic rename, so a writer that publishes it anew between that read and the
-        move still loses it to quarantine/ (a miss, recomputed)."""
+        move still loses it to quarantine/ (a miss, recomputed). In an archive, which is
+        only read, nothing is moved: a StoreError says so, as of a read-only store."""
+        archived = self._in_archive(f"move {section}/{name} aside in")
+        if archived is not None:
+            raise archived
         if was is not None:
             now = self._read_many(section, [name]).get(name)
             if now is None:
