@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +194,12 @@ def test_a_store_in_an_archive_is_read_by_every_command_that_reads(
     packed = shutil.make_archive(str(tmp_path / "packed"), archive, tmp_path, "store")
     url = f"{archive}://store::file://{packed}"
     assert main(["store", "ls", "--store", url]) == 0
-    assert "sms/train" in capsys.readouterr().out
+    listed = capsys.readouterr().out
+    assert "sms/train" in listed
+    # when each was written, as the archive says it, not at the epoch (a zip's were not read)
+    written = (tmp_path / "store" / "names" / "sms" / "train").stat().st_mtime
+    assert time.strftime("%Y-", time.localtime(written)) in listed
+    assert time.strftime("%Y-", time.localtime(0)) not in listed
     assert main(["store", "du", "--store", url]) == 0
     assert "total" in capsys.readouterr().out
     assert main(["store", "verify", "--store", url]) == 0

@@ -60,6 +60,14 @@ _HEX2 = re.compile(r"[0-9a-f]{2}/")
 
 
 def _mtime(info: dict[str, Any]) -> float:
+    """When the file ``info`` tells of was last written, in seconds since the epoch; 0 when
+    it does not say."""
+    stamped = info.get("date_time")  # a zip archive's: its fields, in local time
+    if isinstance(stamped, tuple) and len(stamped) == 6:
+        try:
+            return time.mktime((*stamped, 0, 0, -1))
+        except (OverflowError, ValueError, TypeError):
+            return 0.0
     for field in ("LastModified", "last_modified", "mtime", "created", "updated"):
         value = info.get(field)
         if isinstance(value, datetime):
