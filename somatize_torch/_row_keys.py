@@ -75,7 +75,7 @@ from somatize_torch.freeze import (
     classes_of,
     hold,
     keyed_with,
-    refuse_inference_tensors,
+    refuse_unseen_state,
     unfrozen_error,
 )
 from somatize_torch.wrap import REGISTRIES
@@ -458,7 +458,7 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     _share_registries(self, self.module)  # a registry the module made anew (`del encoder[1]`)
     # Tensors put in since (`load_state_dict(..., assign=True)`) keep a version counter,
     # or no later change to them could be seen.
-    refuse_inference_tensors(type(self.module).__name__, self.module)
+    refuse_unseen_state(type(self.module).__name__, self.module)
     from somatize_torch.rows import _refuse_caches_inside  # rows imports this module
 
     _refuse_caches_inside(self.module)  # a part put in since, cached per row

@@ -754,7 +754,7 @@ def restated(
         raise unfrozen_error(module, unfrozen)
     # Tensors put in since (`load_state_dict(..., assign=True)`) are looked at as
     # freezing looked at the first ones; only on a change, so it costs nothing otherwise.
-    refuse_inference_tensors(type(module).__name__, module)
+    refuse_unseen_state(type(module).__name__, module)
     hold(module)
     digest = digest_state(module)
     return digest, StateWatch(module)
@@ -987,7 +987,7 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
                 "`wrap(model, frozen=['encoder'])`)"
             )
     for name in chosen:  # refused before anything is held
-        refuse_inference_tensors(name, module_of(graph.node(name)))
+        refuse_unseen_state(name, module_of(graph.node(name)))
     if isinstance(target, Wrapped):
         refuse_tied(target.model, [n for n in graph.nodes() if memory.is_frozen(n)])
     out: dict[str, str] = {}
@@ -1012,10 +1012,13 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
     return out
 
 
-def refuse_inference_tensors(name: str, module: nn.Module | None) -> None:
-    """Refuses a module holding tensors made under ``torch.inference_mode()``: they keep
-    no version counter, so a change to them (a checkpoint loaded in place) could never
-    be seen, and the answers kept for the old weights would be recalled for the new."""
+def refuse_unseen_state(name: str, module: nn.Module | None) -> None:
+    """Refuses a module whose state its digest and watch cannot see: tensors made under
+    ``torch.inference_mode()``, which keep no version counter, so a change to them (a
+    checkpoint loaded in place) could never be seen, and weights a part keeps packed
+    outside its parameters and buffers (torch.ao's quantized modules), which are not
+    digested at all. Either way the answers kept for some weights would be recalled for
+    others."""
     if module is None:
         return
     made = [
@@ -1033,6 +1036,21 @@ def refuse_inference_tensors(name: str, module: nn.Module | None) -> None:
             "(a checkpoint made under `inference_mode` and put in with `load_state_dict("
             "..., assign=True)`: load it without `assign`, which copies into the module's "
             "own tensors)"
+        )
+    packed = [
+        f"{prefix}.{attribute}" if prefix else attribute
+        for prefix, part in module.named_modules()
+        for attribute, value in vars(part).items()
+        if isinstance(value, torch.ScriptObject)
+    ]
+    if packed:
+        raise FreezeError(
+            f"`{name}` keeps weights packed in objects of torch's C++ side "
+            f"({few(packed)}), as the quantized modules of `torch.ao` do "
+            "(`quantize_dynamic`, `convert`): they are none of its parameters and "
+            "buffers, so its state digest cannot read them, and a module of other weights, "
+            "or this one with a checkpoint loaded, would be recalled the answers kept for "
+            "these. Cache the module before it is quantized, or leave it uncached"
         )
 
 

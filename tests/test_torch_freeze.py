@@ -15,6 +15,7 @@ import sys
 import sysconfig
 import threading
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -1738,6 +1739,35 @@ def test_a_module_made_under_inference_mode_is_refused() -> None:
     with pytest.raises(smt.FreezeError, match="inference_mode"):
         smt.freeze(g)
     assert not smt.is_held(module) and g.memory.state_of("gated") is None
+
+
+def _quantized(seed: int) -> nn.Module:
+    """An encoder whose linear layers ``quantize_dynamic`` replaced by torch.ao's
+    quantized ones, which keep their weights packed outside parameters and buffers."""
+    torch.manual_seed(seed)
+    module = nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 4))
+    with warnings.catch_warnings():  # torch says its eager quantization is deprecated
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(module, {nn.Linear}, dtype=torch.qint8)
+
+
+def test_a_module_keeping_packed_quantized_weights_is_refused(store: Store) -> None:
+    """A quantized module keeps its weights packed where no parameter or buffer shows
+    them: two such encoders of other weights had one digest, and the second recalled the
+    first's answers from a shared store. Refused before anything is held, as is one
+    quantized after its cache was made, at its next call."""
+    module = _quantized(0)
+    g = Graph.somatize(smt.ModuleNode(module).named("encoder").frozen().cached())
+    with pytest.raises(smt.FreezeError, match=r"packed.*`0\._packed_params\._packed_params`"):
+        smt.freeze(g)
+    assert not smt.is_held(module) and g.memory.state_of("encoder") is None
+    encoder = nn.Sequential(nn.Linear(6, 4), nn.Tanh(), nn.Linear(4, 4))
+    cached = smt.cache_rows(encoder, store)
+    x = torch.randn(3, 6)
+    cached(x)
+    encoder[0] = _quantized(1)[0]
+    with pytest.raises(smt.FreezeError, match="packed"):
+        cached(x)
 
 
 def _negate(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
