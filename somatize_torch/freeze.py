@@ -1013,7 +1013,8 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
 
 
 def refuse_unseen_state(name: str, module: nn.Module | None) -> None:
-    """Refuses a module whose state its digest and watch cannot see: tensors made under
+    """Refuses a module whose state its digest and watch cannot see: parameters a lazy
+    module has not made yet, tensors made under
     ``torch.inference_mode()``, which keep no version counter, so a change to them (a
     checkpoint loaded in place) could never be seen, and weights a part keeps packed
     outside its parameters and buffers (torch.ao's quantized modules), which are not
@@ -1021,11 +1022,16 @@ def refuse_unseen_state(name: str, module: nn.Module | None) -> None:
     others."""
     if module is None:
         return
-    made = [
-        part
-        for part, tensor in [*module.named_parameters(), *module.named_buffers()]
-        if tensor.is_inference()
-    ]
+    tensors = [*module.named_parameters(), *module.named_buffers()]
+    lazy = [part for part, tensor in tensors if is_lazy(tensor)]
+    if lazy:
+        raise FreezeError(
+            f"`{name}` holds parameters or buffers not made yet ({few(lazy)}): a lazy "
+            "module (`nn.LazyLinear`) makes them at its first call, so there are no "
+            "weights to digest, and nothing to key its answers by. Call the module once "
+            "on a batch of the shape it will be given before it is frozen or cached"
+        )
+    made = [part for part, tensor in tensors if tensor.is_inference()]
     if made:
         raise FreezeError(
             f"`{name}` holds tensors made under `torch.inference_mode()` ({few(made)}): "

@@ -1770,6 +1770,24 @@ def test_a_module_keeping_packed_quantized_weights_is_refused(store: Store) -> N
         cached(x)
 
 
+def test_a_lazy_module_not_made_yet_is_refused() -> None:
+    """A lazy module holds no weights before its first call: freezing or caching it is
+    refused saying so (not torch's own error about an uninitialized parameter), and
+    nothing is held; once called, it is frozen as any module is."""
+    module = nn.Sequential(nn.LazyLinear(4), nn.Tanh())
+    g = Graph.somatize(smt.ModuleNode(module).named("encoder").frozen().cached())
+    with pytest.raises(smt.FreezeError, match=r"not made yet \(`0\.weight`, `0\.bias`\)"):
+        smt.freeze(g)
+    assert not smt.is_held(module) and g.memory.state_of("encoder") is None
+    with pytest.raises(smt.FreezeError, match="not made yet"):
+        smt.cache_rows(module)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        plain = module(x)
+    cached = smt.cache_rows(module)
+    assert torch.equal(cached(x), plain)
+
+
 def _negate(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
     return -output
 
