@@ -1243,6 +1243,61 @@ def test_an_actor_running_other_code_refuses_and_keeps_nothing(
     assert g.forward({"at": 0, "take": 2}, store=store, strict=True) == [0.0, 3.0]
 
 
+def test_an_actor_imports_a_node_s_helpers_from_where_the_client_does(
+    cluster: None, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """By default an actor finds modules where this process does, in the order of its
+    ``sys.path``: a helper module the node imports from beside its own file is that one
+    there too, not a module of the same name in the directory the client was started from,
+    which this process does not import from (``python src/run.py`` run from the project's
+    root). Found there, it answered otherwise under the client's key, kept in the store."""
+    started, src = tmp_path / "project", tmp_path / "project" / "src"
+    src.mkdir(parents=True)
+    (started / "shadowed_factor.py").write_text("def factor():\n    return 3\n")
+    (src / "shadowed_factor.py").write_text("def factor():\n    return 2\n")
+    (src / "shadowing_nodes.py").write_text(_SHADOWED)
+    monkeypatch.syspath_prepend(str(src))
+    monkeypatch.chdir(started)
+    from shadowing_nodes import Factored  # type: ignore[import-not-found]
+
+    g = Graph.somatize(
+        Rows().named("rows").frozen() >> Factored().named("f").frozen().cached().at("w1")
+    )
+    x = {"at": 0, "take": 2}
+    assert g.forward(x) == [0, 2]
+    with Broker.ray(workers={"w1": _worker()}) as broker:
+        assert g.forward(x, store=store, broker=broker) == [0, 2]
+    assert g.forward(x, store=store) == [0, 2]
+
+
+def test_an_actor_puts_its_import_paths_first_in_their_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An actor puts the directories it is given first on its ``sys.path``, in their order,
+    ahead of one its process was started with first: Ray starts an actor with the directory
+    the client was started from at the head of its path, where a module of the same name as
+    one the client imports from its own path was found first."""
+    from somatize.broker.ray import _Actor
+
+    started, src = str(tmp_path / "project"), str(tmp_path / "project" / "src")
+    monkeypatch.setattr(sys, "path", [started, src, *sys.path])
+    _Actor("w1", [src, started])
+    assert sys.path[:2] == [src, started]
+    assert sys.path.count(started) == 1
+
+
+_SHADOWED = """
+import shadowed_factor
+
+from somatize import Node
+
+
+class Factored(Node):
+    def forward(self, values, ctx):
+        return [v * shadowed_factor.factor() for v in values]
+"""
+
+
 def test_an_actor_that_imported_a_module_before_it_was_edited_says_to_start_it_afresh(
     cluster: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

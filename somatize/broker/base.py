@@ -322,8 +322,8 @@ class Broker(abc.ABC):
         as long as it takes); ``start_timeout_s``: how long a worker may take to start
         (a cluster without the resources it asks for never starts it);
         ``import_paths``: directories (str or :class:`os.PathLike`) the actors import
-        node modules from (by default this process's ``sys.path``, right when the
-        cluster is this machine);
+        node modules from, put first on their ``sys.path`` in this order (by default
+        this process's ``sys.path``, right when the cluster is this machine);
         ``runtime_env``: Ray's, for a cluster elsewhere."""
         from .ray import RayBroker
 

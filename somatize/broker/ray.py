@@ -239,9 +239,9 @@ class _Actor:
     """The body of a worker's Ray actor: a :class:`Host` and a place to run it."""
 
     def __init__(self, worker: str, import_paths: Sequence[str]) -> None:
-        for path in reversed(import_paths):
-            if path not in sys.path:
-                sys.path.insert(0, path)
+        # First, in their order, ahead of what the process was started with: Ray puts the
+        # directory the client was started from first, which the client may not import from.
+        sys.path[:] = [*import_paths, *(path for path in sys.path if path not in import_paths)]
         self.host = Host(worker, Catalog(), apart=True)
 
     def run(self, job: Job, state: bytes | None, *payloads: bytes) -> Reply | NeedState | _Failure:
@@ -348,8 +348,8 @@ class RayBroker(Broker):
         self.retries = retries
         self.timeout_s = timeout_s
         self.start_timeout_s = start_timeout_s
-        if directories is None:
-            here = [os.getcwd(), *(p or os.getcwd() for p in sys.path)]
+        if directories is None:  # where this process imports from, in its order
+            here = [p or os.getcwd() for p in sys.path]
             directories = [p for p in dict.fromkeys(here) if os.path.isdir(p)]
         self.import_paths = directories
         self.runtime_env = runtime_env
