@@ -453,6 +453,28 @@ def test_a_tensor_that_requires_grad_is_refused_crossing_to_a_network_worker() -
     assert graph(weight.detach()).forward(x, broker=network)["y"][0].tolist() == [0.0, 2.0, 4.0]
 
 
+def test_a_local_worker_runs_its_node_in_the_caller_s_grad_mode() -> None:
+    """A node on a local worker runs under the grad mode and inference mode of the thread
+    that called the forward, as it runs with no broker: torch keeps them per thread, and
+    the worker's thread had its own. Under ``torch.no_grad()`` a module there recorded its
+    graph, answering a tensor that requires grad; under ``torch.inference_mode()`` it
+    failed on an input made there, which autograd cannot save for backward."""
+    torch.manual_seed(0)
+    linear = nn.Linear(3, 2)
+    g = Graph.somatize(Echo().named("s") >> ModuleNode(linear).named("enc").at("w1"))
+    local = Broker.embedded({"w1": Worker.generic(mode="local")})
+    with torch.no_grad():
+        out = g.forward(torch.ones(4, 3), broker=local)
+        assert not out.requires_grad and torch.equal(out, g.forward(torch.ones(4, 3)))
+    with torch.inference_mode():
+        x = torch.ones(4, 3)
+        out = g.forward(x, broker=local)
+        assert out.is_inference() and torch.equal(out, g.forward(x))
+    out = g.forward(torch.ones(4, 3), broker=local)
+    out.sum().backward()  # with grad on, it trains through the node as before
+    assert linear.weight.grad is not None
+
+
 def test_a_copy_that_changes_its_arguments_as_it_runs_is_built_again(store: Store) -> None:
     """A node that advances an argument it keeps (``self.step += 1``) on a network worker
     answers each job as the node its key names: the copy that stepped is let go of and the

@@ -34,9 +34,11 @@ is refused there.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any
 
@@ -131,11 +133,12 @@ class EmbeddedBroker(Broker):
     ) -> Callable[[], Done]:
         if not self.workers[worker].crosses:
             here = graph.node(node)
+            modes = _grad_modes()  # the caller's, read on its thread
 
             def run_here() -> Done:
                 start = time.perf_counter_ns()
                 own = own_state(graph._code_watch, here.implementing_classes())
-                with running_here(here), own, self.stoppable():  # what it changes is its own
+                with running_here(here), own, modes(), self.stoppable():  # its own changes
                     value = here.forward(*inputs, ctx)
                 return Done(value, (time.perf_counter_ns() - start) // 1000)
 
@@ -206,6 +209,25 @@ class EmbeddedBroker(Broker):
             raise error
         assert done is not None
         return done
+
+
+def _grad_modes() -> Callable[[], AbstractContextManager[Any]]:
+    """What enters, on a local worker's thread, the grad mode and inference mode of the
+    thread that calls this (``torch.no_grad()``, ``torch.inference_mode()``), which torch
+    keeps per thread: the node runs there as it would where the graph is called. Nothing
+    where torch is not imported, and no tensor either."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return nullcontext
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def enter() -> AbstractContextManager[Any]:
+        entered = ExitStack()
+        entered.enter_context(torch.inference_mode(inference))
+        entered.enter_context(torch.set_grad_enabled(grad))  # sets it as it is made: here
+        return entered
+
+    return enter
 
 
 class _Runner:
