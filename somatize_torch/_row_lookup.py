@@ -555,6 +555,10 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 def _bits(rows: torch.Tensor) -> torch.Tensor:
     """``rows`` as integers of their element's size, the same bits: torch copies no CPU
     tensor of a float8 dtype, or an unsigned one past uint8, into place by index, and a
-    copy of bits is exactly the copy of the values."""
+    copy of bits is exactly the copy of the values. A conjugate or negative view (a module
+    answering ``x.conj()`` or its ``.imag``) holds other bits than its values, and torch
+    views none as another dtype: its values are taken first."""
     kind = _BITS.get(rows.element_size())
-    return rows if kind is None or rows.dtype is kind else rows.view(kind)
+    if kind is None or rows.dtype is kind:
+        return rows
+    return rows.resolve_conj().resolve_neg().view(kind)

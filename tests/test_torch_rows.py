@@ -1771,6 +1771,39 @@ def test_a_batch_part_recalled_part_computed_of_any_kept_dtype_is_put_together(
     cached.close()
 
 
+class Spectrum(nn.Module):
+    """Answers the conjugate of each row's spectrum, or its imaginary part, as torch hands
+    them: a view with the conjugate (or negative) bit set, not its values in memory."""
+
+    def __init__(self, part: str) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+        self.part = part
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        spectrum = torch.fft.fft(self.linear(x)).conj()
+        return spectrum.imag if self.part == "imag" else spectrum
+
+
+@pytest.mark.parametrize("part", ["conj", "imag"])
+def test_a_batch_part_recalled_part_computed_of_conjugate_views_is_put_together(
+    store: Store, part: str
+) -> None:
+    """Rows a module answers as a conjugate view (``x.conj()``) or a negative one (its
+    ``.imag``) are put together with rows recalled as their values, not refused by torch
+    (which views no such tensor as bits of another dtype)."""
+    torch.manual_seed(0)
+    module = Spectrum(part)
+    cached = cache_rows(module, store)
+    x = torch.randn(6, 8)
+    first = cached(x[:4])
+    out = cached(x[[5, 2, 4, 3, 0]])
+    truth = torch.cat([first, cached(x[4:])])[[5, 2, 4, 3, 0]]
+    assert out.dtype == truth.dtype
+    assert torch.equal(out, truth)
+    cached.close()
+
+
 class Quantized(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
