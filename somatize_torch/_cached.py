@@ -411,6 +411,13 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
                 "(`x.to_dense()`; a nested one padded, `x.to_padded_tensor(0.0)`), or drop "
                 "it from `cached=`"
             )
+        if value.is_meta:
+            raise TypeError(
+                f"`{name}` is cached and is called with a tensor on the meta device as "
+                f"argument {index}: a cached submodule is keyed by the content of the "
+                "tensors it is handed, and a meta tensor holds none. Work out shapes with "
+                "the model unwrapped, or drop the submodule from `cached=`"
+            )
         if value.requires_grad and torch.is_grad_enabled():
             raise CachedInputNeedsGrad(
                 f"`{name}` is cached and argument {index} it is handed requires grad: a "

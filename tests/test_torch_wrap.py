@@ -1493,6 +1493,20 @@ def test_a_cached_module_handed_a_tensor_that_is_not_dense_is_refused_saying_wha
         wrapped(made(torch.randn(3, 4)))
 
 
+def test_a_cached_module_handed_a_meta_tensor_is_refused_saying_so(store: Store) -> None:
+    """A tensor on the meta device (one a shape is worked out with) holds no values to key
+    a call by: the call is refused naming the module and the argument, not stopped by
+    torch asking what precision a meta device runs in."""
+    wrapped = smt.wrap(nn.Linear(4, 4), frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    with pytest.raises(TypeError, match=r"`linear` is cached .* meta device as argument 0"):
+        wrapped(torch.empty(3, 4, device="meta"))
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), wrapped(x))
+    assert wrapped.counts["linear"] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
 def test_an_answer_of_a_tensor_subclass_is_refused(store: Store) -> None:
     """A cached module answering a tensor subclass is refused when its answer is kept,
     naming the class, rather than recalled as a plain tensor."""
