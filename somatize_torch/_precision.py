@@ -99,7 +99,9 @@ def precision_on(device: str) -> Named | None:
     bfloat16), and how half-precision ones are (accumulating in float16) — None under
     torch's defaults, so the usual key does not change."""
     said: list[tuple[str, str]] = []
-    if torch.is_autocast_enabled(device):
+    # torch has no autocast for some device types (``meta``, where a model is built
+    # before its weights are loaded), and raises when asked about one.
+    if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
         said.append(("autocast", _dtype_name(torch.get_autocast_dtype(device))))
     made = torch.get_default_dtype()
     if made != torch.float32:

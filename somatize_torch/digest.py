@@ -275,6 +275,13 @@ def _dtype_code(tensor: torch.Tensor) -> str:
             f"a {tensor.layout} tensor cannot be digested or written: only dense (strided) "
             "tensors have one canonical byte layout. Convert it with `.to_dense()`"
         )
+    if tensor.is_meta:
+        raise TypeError(
+            f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)} on the meta device "
+            "cannot be digested or written: it holds no values. Give it its values first "
+            "(a module built on the meta device: `load_state_dict(..., assign=True)`, or "
+            "`to_empty(device=...)` and its weights loaded)"
+        )
     return code
 
 

@@ -1788,6 +1788,30 @@ def test_a_lazy_module_not_made_yet_is_refused() -> None:
     assert torch.equal(cached(x), plain)
 
 
+def test_a_module_built_on_the_meta_device_is_frozen_once_its_weights_are_loaded(
+    store: Store,
+) -> None:
+    """A graph is built over a module made on the meta device (to load its weights later):
+    freezing it before they are loaded is refused, saying it holds no values, and once they
+    are put in (`assign=True`) it is frozen and keyed by them."""
+    torch.manual_seed(0)
+    loaded = nn.Linear(4, 3)
+    with torch.device("meta"):
+        module = nn.Linear(4, 3)
+    g = Graph.somatize(smt.ModuleNode(module).named("linear").frozen().cached())
+    with pytest.raises(TypeError, match=r"on the meta device .* holds no values.*assign=True"):
+        smt.freeze(g)
+    assert g.memory.state_of("linear") is None
+    module.load_state_dict(loaded.state_dict(), assign=True)
+    smt.freeze(g)
+    x = torch.randn(2, 4)
+    first = g.forward(Opaque(x), store=store)
+    assert torch.equal(g.forward(Opaque(x), store=store), first)
+    assert g.record.outcome == {"linear": "recalled"}
+    with torch.no_grad():
+        assert torch.equal(first, loaded(x))
+
+
 def _negate(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
     return -output
 
