@@ -10,7 +10,11 @@ it is handed (tensors, and None for an optional argument not given, where it sta
     key = H(identity, declaration, state digest, salt, H(content of its inputs))
 
 Its inputs are weighed like an ``Opaque`` tensor batch — by content, dtype and
-shape — so the same batch recalls the same answer, whatever came before it.
+shape — so the same batch recalls the same answer, whatever came before it. An input
+laid out in memory in another order of its dims than C order (channels_last, a
+transpose) keys the call by that order too: a kernel picks its path by it (a conv fed
+channels_last answers channels_last, and may round otherwise), so the answer kept for a
+batch in one layout is not recalled for the same batch in another.
 (One key per batch here; one key per row is :mod:`somatize_torch.rows`.) The
 precision it runs in is part of the declaration it is keyed by whenever it is
 not torch's default — autocast on the inputs' device type, the default dtype,
@@ -47,7 +51,7 @@ from somatize_torch._modes import marked_as_needed, outside_compiled
 from somatize_torch._precision import precision_on
 from somatize_torch._settings import _TORCH_OWN, _held_by, _slots_of
 from somatize_torch._values import _NAMESPACES, _NOT_FOLLOWED, _STANDARD, _followed
-from somatize_torch.codec import TENSOR
+from somatize_torch.codec import TENSOR, memory_order
 from somatize_torch.digest import digest_tensor, plain
 from somatize_torch.freeze import (
     ModuleNode,
@@ -88,6 +92,9 @@ class _Declared(nn.Module):
 
 Precision = tuple[tuple[str, str], ...] | None
 """The precision a cached call runs in, where it is not torch's default (None)."""
+Layouts = tuple[tuple[int, ...] | None, ...] | None
+"""The order of the dims in memory of each input of a call, where one is not in C order
+(None where every one is)."""
 
 
 class _Cached(nn.Module):
@@ -125,7 +132,7 @@ class _Cached(nn.Module):
         """The call this shim makes, where it is not its base's (a trace per value handing
         the submodule other constants): keyed by it beside the base node's declaration."""
         self._signature = signature
-        self._solos: dict[Precision, Graph] = {}
+        self._solos: dict[tuple[Precision, Layouts], Graph] = {}
         self._basis: tuple[str | None, str | None] = (None, None)
         """The declaration and state the graphs in ``_solos`` were built for."""
 
@@ -474,9 +481,11 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
         _check_records_none(self, name, handed)
         self.__dict__["_records_none"] = basis  # checked for this state and declaration
     precision = _precision(tensors)
-    solo = self._solos.get(precision)
+    layouts = _layouts(args)
+    solo = self._solos.get((precision, layouts))
     if solo is None:
-        solo = self._solos[precision] = _solo(node, name, basis[0], precision, self.made)
+        solo = _solo(node, name, basis[0], precision, self.made, layouts)
+        self._solos[(precision, layouts)] = solo
     # This call's own facts: `solo.record` is that of the forward that ended last, which
     # another thread's call may be, having ended since this one did.
     facts: list[dict[str, Any]] = []
@@ -536,16 +545,30 @@ def _precision(args: Sequence[torch.Tensor]) -> Precision:
     return precision_on(args[0].device.type if args else "cpu")
 
 
+def _layouts(args: Sequence[torch.Tensor | None]) -> Layouts:
+    """The order of the dims in memory of each of ``args`` (:func:`~somatize_torch.codec
+    .memory_order`: None in C order, and for None), or None where every one is in C order:
+    a kernel picks its path by it (a conv fed channels_last answers channels_last, and may
+    round otherwise), so a call on inputs laid out otherwise is keyed apart, and the usual
+    call keeps the key it always had."""
+    orders = tuple(None if a is None else memory_order(a) for a in args)
+    if all(order is None for order in orders):
+        return None
+    return tuple(None if order is None else tuple(order) for order in orders)
+
+
 def _solo(
     node: ModuleNode,
     name: str,
     declaration: str | None,
     precision: Precision,
     made: Any = None,
+    layouts: Layouts = None,
 ) -> Graph:
     """The one-node graph a cached call of ``node`` is asked through: keyed by
     ``declaration`` (the owner graph's), and by the precision too, where it is not the
-    default, and by the call ``made``, where it is another than the one declared."""
+    default, by the call ``made``, where it is another than the one declared, and by the
+    order of its inputs' dims in memory, where one is not in C order (:func:`_layouts`)."""
     solo = Graph.somatize(node)
     # The cached call asks the node whether its state changed before each lookup, and
     # says what changed to the owner's graph; the one-node graph need not ask again.
@@ -556,6 +579,8 @@ def _solo(
             more["precision"] = dict(precision)
         if made is not None:
             more["made"] = made
+        if layouts is not None:
+            more["layouts"] = [None if order is None else list(order) for order in layouts]
         said = (
             declaration
             if not more

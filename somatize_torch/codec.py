@@ -333,29 +333,36 @@ def _memory_order(tensor: torch.Tensor) -> tuple[torch.Tensor, list[int] | None]
     """``tensor`` as it is written: itself when it is in C order (:func:`in_c_order`), or
     in no order of its dims (overlapping); one in another order of its dims (channels_last,
     a transpose, a channels_last map pooled to 1x1, which torch calls contiguous) with its
-    dims in the order of its memory — a contiguous view, so it is written with no copy, or
-    a copy dense in that order where it has gaps — and the permutation that gives
-    ``tensor`` back, with its strides (those of a dense one: no gaps), from what is read. A
-    recalled answer then is laid out as the computed one was, and a kernel reading it (a
-    conv, which picks its path by memory format) answers the same bits."""
-    if tensor.dim() < 2 or in_c_order(tensor):
-        return tensor, None
-    strides = tensor.stride()
-    order = sorted(range(tensor.dim()), key=lambda d: (-strides[d], d))
-    # One whose memory order is C order is written in C order, strides no order of its
-    # dims gives back (a column of a batch) or not; so is one whose elements overlap (an
-    # expanded one), which is in no order of its dims.
-    if order == sorted(order):
+    dims in the order of its memory (:func:`memory_order`) — a contiguous view, so it is
+    written with no copy, or a copy dense in that order where it has gaps — and the
+    permutation that gives ``tensor`` back, with its strides (those of a dense one: no
+    gaps), from what is read. A recalled answer then is laid out as the computed one was,
+    and a kernel reading it (a conv, which picks its path by memory format) answers the
+    same bits."""
+    order = memory_order(tensor)
+    if order is None:
         return tensor, None
     stored = tensor.permute(order)
-    if stored.is_contiguous():
-        return stored, inverse_order(order)
-    # With gaps in that order (a half of a channels_last map split along its channels): a
-    # kernel reading it picks its path by that order as it would for a dense one, so it is
-    # copied dense in it, as a C-order one with gaps is copied into C order.
-    if not _apart(stored):
-        return tensor, None
-    return stored.contiguous(), inverse_order(order)
+    return (stored if stored.is_contiguous() else stored.contiguous()), inverse_order(order)
+
+
+def memory_order(tensor: torch.Tensor) -> list[int] | None:
+    """The order of the dims of ``tensor`` in its memory, outermost first, where it lies in
+    another order of its dims than C order (channels_last, a transpose, a channels_last map
+    pooled to 1x1), dense or with gaps (a half of a channels_last map split along its
+    channels): a kernel reading it picks its path by that order. None for a tensor in C
+    order, with gaps or not, and for one in no order of its dims (an expanded one, whose
+    elements overlap)."""
+    if tensor.dim() < 2 or in_c_order(tensor):
+        return None
+    strides = tensor.stride()
+    order = sorted(range(tensor.dim()), key=lambda d: (-strides[d], d))
+    # One whose memory order is C order is in C order, strides no order of its dims gives
+    # back (a column of a batch) or not; so is one whose elements overlap.
+    if order == sorted(order):
+        return None
+    stored = tensor.permute(order)
+    return order if stored.is_contiguous() or _apart(stored) else None
 
 
 def _apart(tensor: torch.Tensor) -> bool:

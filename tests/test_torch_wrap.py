@@ -1493,6 +1493,42 @@ def test_a_cached_module_handed_a_tensor_that_is_not_dense_is_refused_saying_wha
         wrapped(made(torch.randn(3, 4)))
 
 
+class ConvStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Conv2d(8, 16, 3, padding=1)
+        self.head = nn.Conv2d(16, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def test_a_batch_laid_out_channels_last_is_keyed_apart_from_the_same_batch_in_c_order(
+    store: Store,
+) -> None:
+    """A conv fed channels_last answers channels_last (and may round otherwise): the answer
+    kept for a batch in C order is not recalled for the same batch laid out channels_last,
+    which is computed and kept on its own, so each layout gets what the model answers it,
+    strides and bits, on a hit as on the miss."""
+    torch.manual_seed(0)
+    model = ConvStack()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 8, 6, 6)
+    last = x.to(memory_format=torch.channels_last)
+    with torch.no_grad():
+        truth, truth_last = model(x), model(last)
+        wrapped(x)
+        for _ in range(2):
+            out = wrapped(last)
+            assert out.stride() == truth_last.stride()
+            assert torch.equal(out, truth_last)
+        out = wrapped(x)
+        assert out.stride() == truth.stride()
+        assert torch.equal(out, truth)
+    assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2, "recalled": 2}
+
+
 def test_a_cached_module_handed_a_meta_tensor_is_refused_saying_so(store: Store) -> None:
     """A tensor on the meta device (one a shape is worked out with) holds no values to key
     a call by: the call is refused naming the module and the argument, not stopped by
