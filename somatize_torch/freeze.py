@@ -940,8 +940,10 @@ def keyed_with(module: nn.Module) -> tuple[Any, ...]:
     submodules (their weights digested, their modes held or read where they run), their
     parameters and buffers. A class of theirs whose function closes over one of these,
     takes it by default or binds it in a partial (``def make(sub): class M: def
-    __init__(s): s.encoder = sub``) reaches that very object, watched by identity
-    (:func:`~somatize.catalog.watch_code`), so freezing it is no change of that code."""
+    __init__(s): s.encoder = sub``), or one that holds it in a list, tuple or dict (or a
+    ``ModuleList`` the model does not hold: ``parts[0](x)``), reaches that very object,
+    watched by identity (:func:`~somatize.catalog.watch_code`), so freezing it is no change
+    of that code."""
     return (*module.modules(), *module.parameters(), *module.buffers())
 
 

@@ -4,6 +4,7 @@ default, named in its module — is that very module, not code: what freezing do
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -297,12 +298,10 @@ class TrainsHead(nn.Module):
     __init__, forward = _heads_with(nn.Linear(4, 2))  # type: ignore[assignment]
 
 
-def test_a_trained_head_the_class_closes_over_is_no_change_of_code(store: Store) -> None:
-    """A trainable head of the model that its class's methods close over, stepped by an
-    optimizer and put in eval with the model, is the model's part: the calls answer as the
-    model does, where each was refused as the class's code changed; its flag, read through
-    the cell, is still that of a part (left in eval while the model trains, refused)."""
-    model = TrainsHead()
+def _head_stepped(model: nn.Module, store: Store) -> tuple[nn.Module, torch.Tensor]:
+    """``model`` wrapped with its encoder frozen and cached, frozen, its head stepped by an
+    optimizer, then called in eval and back in train mode, each call answering as the model
+    does; the wrapped model, and the input it was called with."""
     wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
     smt.freeze(wrapped)
     x = torch.randn(3, 4)
@@ -314,6 +313,177 @@ def test_a_trained_head_the_class_closes_over_is_no_change_of_code(store: Store)
         wrapped.eval()
         assert torch.equal(wrapped(x), model(x))
         wrapped.train()
+    return wrapped, x
+
+
+def test_a_trained_head_the_class_closes_over_is_no_change_of_code(store: Store) -> None:
+    """A trainable head of the model that its class's methods close over, stepped by an
+    optimizer and put in eval with the model, is the model's part: the calls answer as the
+    model does, where each was refused as the class's code changed; its flag, read through
+    the cell, is still that of a part (left in eval while the model trains, refused)."""
+    model = TrainsHead()
+    wrapped, x = _head_stepped(model, store)
+    with torch.no_grad():
         model.head.eval()
         with pytest.raises(smt.WrapError, match=r"different modes"):
             wrapped(x)
+
+
+def _pick(parts: Any, at: int) -> nn.Module:
+    """The encoder (0) or the activation (1) of ``parts``, however they are held."""
+    if isinstance(parts, (dict, nn.ModuleDict)):
+        return _pick(parts["all"], at) if "all" in parts else parts[("encoder", "act")[at]]
+    return parts[at]
+
+
+def _through(parts: Any) -> tuple[Callable[..., None], Callable[..., torch.Tensor]]:
+    """An ``__init__`` holding the encoder and activation of ``parts`` beside a new head,
+    and a forward calling them through ``parts``, both closing over it."""
+
+    def __init__(self: nn.Module) -> None:
+        nn.Module.__init__(self)
+        self.encoder, self.act = _pick(parts, 0), _pick(parts, 1)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return self.head(_pick(parts, 1)(_pick(parts, 0)(x)))
+
+    return __init__, forward
+
+
+class ThroughParts(nn.Module):
+    """Reaches its encoder and activation through a container its methods close over."""
+
+    __init__, forward = _through([_encoder(), nn.ReLU()])  # type: ignore[assignment]
+
+
+def _bound_apply(parts: Any, x: torch.Tensor) -> torch.Tensor:
+    return _pick(parts, 1)(_pick(parts, 0)(x))
+
+
+class BoundParts(nn.Module):
+    """Reaches its encoder and activation through a container a partial it holds binds."""
+
+    apply = functools.partial(_bound_apply, [_encoder(), nn.ReLU()])
+
+    def __init__(self) -> None:
+        super().__init__()
+        parts = type(self).apply.args[0]
+        self.encoder, self.act = _pick(parts, 0), _pick(parts, 1)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.apply(x))
+
+
+@pytest.fixture
+def _puts_back_the_parts() -> Any:
+    methods, apply = (ThroughParts.__init__, ThroughParts.forward), BoundParts.apply
+    yield
+    ThroughParts.__init__, ThroughParts.forward = methods  # type: ignore[method-assign]
+    BoundParts.apply = apply
+
+
+KINDS = ["list", "tuple", "dict", "ModuleList", "ModuleDict", "nested"]
+
+
+def _in_parts(held: str, kind: str) -> tuple[nn.Module, Any]:
+    """A model in train mode whose class reaches its encoder and activation (a ReLU) through
+    a container of ``kind`` its methods close over (``held`` "closure") or a partial it
+    holds binds ("partial"), and that container."""
+    encoder, act = _encoder(), nn.ReLU()
+    parts: Any = {
+        "list": lambda: [encoder, act],
+        "tuple": lambda: (encoder, act),
+        "dict": lambda: {"encoder": encoder, "act": act},
+        "ModuleList": lambda: nn.ModuleList([encoder, act]),
+        "ModuleDict": lambda: nn.ModuleDict({"encoder": encoder, "act": act}),
+        "nested": lambda: {"all": [encoder, act]},
+    }[kind]()
+    if held == "closure":
+        ThroughParts.__init__, ThroughParts.forward = _through(parts)  # type: ignore[method-assign]
+        return ThroughParts().train(), parts
+    BoundParts.apply = functools.partial(_bound_apply, parts)
+    return BoundParts().train(), parts
+
+
+@pytest.mark.usefixtures("_puts_back_the_parts")
+@pytest.mark.parametrize(
+    ("held", "kind"), [*(("closure", kind) for kind in KINDS), ("partial", "list")]
+)
+def test_modules_in_a_container_the_class_reaches_are_no_change_of_code(
+    held: str, kind: str, store: Store
+) -> None:
+    """A model whose class reaches its encoder and activation through a list, tuple or dict
+    (or a ``ModuleList``, ``ModuleDict``, a list in a dict) its methods close over or a
+    partial binds, wrapped with the encoder frozen and cached, frozen, its head stepped by
+    an optimizer, put in eval and back: each call answers as the model does and the encoder
+    is recalled, where the first call after ``freeze`` was refused as the class's code
+    changed (the container was read whole, the modes of the modules in it with it)."""
+    model, _ = _in_parts(held, kind)
+    wrapped, x = _head_stepped(model, store)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+    assert wrapped.counts["encoder"]["recalled"] == 3
+
+
+@pytest.mark.usefixtures("_puts_back_the_parts")
+@pytest.mark.parametrize("kind", KINDS)
+def test_modules_in_a_container_are_keyed_by_a_row_cache_not_refused(kind: str) -> None:
+    """The same model cached per row (frozen whole) recalls its rows; its encoder's weights
+    changed in place key the rows anew, computed with the new weights, and a part put in
+    train mode is put back in eval: both were refused as the class's code changed."""
+    model, _ = _in_parts("closure", kind)
+    cached = smt.cache_rows(model)
+    x = torch.randn(3, 4)
+    first = cached(x)
+    assert torch.equal(cached(x), first) and cached.stats.computed == 3
+    with torch.no_grad():
+        model.encoder.linear.weight.mul_(2.0)
+        now = cached(x)
+        assert torch.equal(now, model(x)) and not torch.equal(now, first)
+    assert cached.stats.computed == 6
+    model.encoder.train()
+    with pytest.warns(smt.StillChanging):
+        assert torch.equal(cached(x), now)
+    assert cached.stats.computed == 6
+
+
+def _changed(parts: Any, change: str) -> None:
+    """Changes what ``parts`` holds as ``change`` says: another encoder in its place, a
+    module added, or the activation taken out."""
+    inner = parts["all"] if isinstance(parts, dict) and "all" in parts else parts
+    named = isinstance(inner, (dict, nn.ModuleDict))
+    if change == "replaced":
+        inner["encoder" if named else 0] = _encoder(1)
+    elif change == "added" and named:
+        inner["more"] = nn.Tanh()
+    elif change == "added":
+        inner.append(nn.Tanh())
+    else:
+        del inner["act" if named else 1]
+
+
+@pytest.mark.usefixtures("_puts_back_the_parts")
+@pytest.mark.parametrize("change", ["replaced", "added", "removed"])
+@pytest.mark.parametrize("kind", [kind for kind in KINDS if kind != "tuple"])
+def test_a_container_the_class_reaches_changed_is_still_refused(
+    kind: str, change: str, store: Store
+) -> None:
+    """A module replaced in the container the class reaches, one added to it or one taken
+    out after ``wrap`` or ``cache_rows`` is refused at the next call, as any change of the
+    class's code is: the container is watched by which modules it holds."""
+    model, parts = _in_parts("closure", kind)
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    wrapped(x)
+    _changed(parts, change)
+    with pytest.raises(smt.WrapError, match=r"ThroughParts"):
+        wrapped(x)
+    model, parts = _in_parts("closure", kind)
+    cached = smt.cache_rows(model)
+    cached(x)
+    _changed(parts, change)
+    with pytest.raises(smt.RowsError, match=r"ThroughParts"):
+        cached(x)

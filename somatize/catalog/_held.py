@@ -640,6 +640,7 @@ def _contained_bytes(
     read: list[Any] | None = None,
     marked: list[Any] | None = None,
     objects: list[Any] | None = None,
+    keyed: frozenset[int] = frozenset(),
 ) -> bytes | None:
     """A dict, list, tuple or set a class holds that holds an object, nested or not
     (``acts = {"a": Scale(2)}``, ``layers = [Scale(2)]``), named by what it holds as
@@ -654,7 +655,9 @@ def _contained_bytes(
     hold (:class:`~somatize._arrays.Written`), ``marked`` each object in it marked by
     which object it is, and ``objects`` each object in it, for a graph's
     watch (which reads the container itself as it reads a marked object,
-    :class:`_Marked`)."""
+    :class:`_Marked`) — but an object of ``keyed``, by address (a module of a model, whose
+    state the watch's taker keys itself): it is neither read nor marked nor given to
+    ``objects``, only placed by its mark, as the watch compares it by which object it is."""
     if type(member) not in _CONTAINERS or _plain(member):
         return None
     found: dict[int, Any] = {}  # each object in it, by id
@@ -662,6 +665,9 @@ def _contained_bytes(
     marks: list[Any] = []
 
     def leaf(value: Any) -> bytes:
+        if id(value) in keyed:
+            found[id(value)] = value
+            return _token_of(value)
         values = _array_bytes(value)
         if values is not None:  # an array, a tensor: by its values, as one held itself is
             found[id(value)] = value
@@ -691,7 +697,7 @@ def _contained_bytes(
     if marked is not None:
         marked += marks
     if objects is not None:
-        objects += found.values()
+        objects += (value for at, value in found.items() if at not in keyed)
     return b"holds " + hashlib.sha256(said).digest()
 
 

@@ -80,12 +80,27 @@ class _Marked:
     graph is seen by all), each dict, list and set read of it (:func:`_state_read`) with a
     copy of each — one copy for all, so that what a node's code changes as it runs is its
     state for every graph (:func:`state_taken`) —, its class and the functions read of it,
-    with their code and defaults."""
+    with their code and defaults. ``keyed`` are the addresses of objects whose state a
+    watch's taker keys itself (the modules of a model, :func:`watch_code`): one reached
+    through it is compared only by which object it is, in what holds it, never read.
+    ``reaches`` says whether it reached one."""
 
-    __slots__ = ("__weakref__", "copies", "kind", "label", "lives", "made", "version")
+    __slots__ = (
+        "__weakref__",
+        "copies",
+        "keyed",
+        "kind",
+        "label",
+        "lives",
+        "made",
+        "reaches",
+        "version",
+    )
 
-    def __init__(self, held: Any, label: str) -> None:
+    def __init__(self, held: Any, label: str, keyed: frozenset[int] = frozenset()) -> None:
         self.label = label  # ``Kind.name`` of what first held it, to tell the user
+        self.keyed = keyed
+        self.reaches = False
         self.version = [_version_of(held)]
         self.lives: list[Any] = []
         self.copies: list[Any] = []
@@ -97,7 +112,7 @@ class _Marked:
         taken as changed at every look."""
         from somatize.catalog._watch import _copied  # the watch imports this module
 
-        state, made, read_all = _state_read(held)
+        state, made, read_all, self.reaches = _state_read(held, self.keyed)
         self.lives[:] = state
         self.copies[:] = map(_copied, state)
         if not read_all:
@@ -298,8 +313,8 @@ def _counted(value: Any) -> bool:
 
 
 def _state_read(
-    held: Any,
-) -> tuple[list[Any], tuple[tuple[FunctionType, Any, Any], ...], bool]:
+    held: Any, keyed: frozenset[int] = frozenset()
+) -> tuple[list[Any], tuple[tuple[FunctionType, Any, Any], ...], bool, bool]:
     """What a watch reads of ``held``, an object marked by which object it is: each dict,
     list and set it holds, or holds through what it holds (an object's ``__dict__`` and
     its slots, :class:`_Slots`; a function's closure and keyword defaults, a bound
@@ -313,13 +328,17 @@ def _state_read(
     each one entry; what another
     class written in C holds but its ``__dict__`` is not read, nor what an object of the
     library's named whole holds (:func:`_library_bytes`: a lock; a logger, which holds
-    every logger of the process): what the code computes with it does not change with it."""
+    every logger of the process): what the code computes with it does not change with it.
+    Nor is what an object of ``keyed`` holds (a module of a model, whose weights and modes
+    its taker keys): it is compared by which object it is, in the dict or list that holds
+    it; the last of what is answered says whether one was reached."""
     read: list[Any] = []
     functions: list[tuple[FunctionType, Any, Any]] = []
     seen: set[int] = set()
     kinds: dict[type, list[MemberDescriptorType]] = {}  # each class read → its slots
     left = _STATE_ITEMS
     read_all = True
+    reaches = False
     queue = collections.deque([held])
 
     def see(container: Any, kept: bool = True) -> bool:
@@ -340,6 +359,9 @@ def _state_read(
         if _exactly_plain(value) or id(value) in seen:
             continue
         seen.add(id(value))
+        if id(value) in keyed and value is not held:
+            reaches = True
+            continue
         kind = type(value)
         if isinstance(value, (type, ModuleType, BuiltinFunctionType)):
             continue
@@ -384,4 +406,4 @@ def _state_read(
             continue
         if type(attributes) is dict and see(attributes):
             queue += list(attributes.values())
-    return read, tuple(functions), read_all
+    return read, tuple(functions), read_all, reaches

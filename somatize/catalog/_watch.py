@@ -229,7 +229,10 @@ def watch_code(
     replaced by the watch of the cell, the defaults, the partial or the name, and what it
     holds is not read here — else freezing it (eval, no grad) would be taken for a change of
     the code of a class that merely reaches it (``def make(sub): class M: def
-    __init__(s): s.encoder = sub``).
+    __init__(s): s.encoder = sub``). One held in a list, tuple or dict (nested too), or in
+    an object (a ``ModuleList``) that those reach, is compared there by which object it is
+    and not read either: replaced in it, added or taken out (``parts[0] = other``), it is
+    seen as a change of what holds it (:func:`_watch_objects`).
 
     ``named_classes`` False leaves out the namespaces of the helper classes their code names
     (:class:`_ClassSeen`), for a taker that runs their objects whole and keys what they
@@ -386,17 +389,26 @@ def _watch_objects(
     container holding objects as a marked object is watched, each object in it as one held
     itself, so that what its node's forward changes in it (an object added to a log) is its
     state; one named by what it holds by each dict, list and set read of it; any other,
-    marked by which object it is, by what is noted of it (:class:`_Marked`). Returns the
+    marked by which object it is, by what is noted of it (:class:`_Marked`). An object of
+    ``elsewhere`` in a container, or reached through an object (a ``ModuleList`` holding the
+    model's modules), is compared there by which object it is and not read: a module of the
+    model's put in eval is no change, one replaced, added or removed is. Returns the
     objects watched, those in such a container too."""
     read: list[Any] = []
     unnamed: list[Any] = []
     holds = [held for held in holds if id(held) not in elsewhere]
     watched = list(holds)
     for held in holds:
-        if _contained_bytes(held, read, unnamed, watched) is not None:
-            noted = _Marked(held, label)
+        if _contained_bytes(held, read, unnamed, watched, elsewhere) is not None:
+            noted = _Marked(held, label, elsewhere)
             marks.append(Mark(len(lives), held, noted, False, kind))
             lives += [noted.version, noted.lives]
+            labels += [label, label]
+            continue
+        reaching = _Marked(held, label, elsewhere) if elsewhere else None
+        if reaching is not None and reaching.reaches:  # what of it is not keyed: read alone
+            marks.append(Mark(len(lives), held, reaching, False, kind))
+            lives += [reaching.version, reaching.lives]
             labels += [label, label]
         elif _held_bytes(held, read) is None:
             unnamed.append(held)
