@@ -61,7 +61,7 @@ from somatize_torch._native_env import DIGEST_SIZE
 from somatize_torch._precision import float32_precision, half_precision
 from somatize_torch._row_ahead import _take_named
 from somatize_torch._row_errors import NeedsIndex, RowsError, _describe
-from somatize_torch._state import StateWatch, digest_state
+from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import (
     DTYPES,
@@ -77,6 +77,7 @@ from somatize_torch.freeze import (
     keyed_with,
     refuse_unseen_state,
     unfrozen_error,
+    watched_state,
 )
 from somatize_torch.wrap import REGISTRIES
 
@@ -464,8 +465,7 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     _refuse_caches_inside(self.module)  # a part put in since, cached per row
     hold(self.module)  # a submodule put in since is held in eval too
     # Watched from before the digest: a change while it reads the weights is seen next.
-    watch = StateWatch(self.module)
-    state = digest_state(self.module)
+    state, watch = watched_state(self.module)
     self._watch = watch
     try:
         if state != self._state:

@@ -9,6 +9,12 @@ process, whatever order they were registered in and whatever device holds them. 
 never the digest of a serialised file, since a serialiser may write equal tensors in
 more than one way.
 
+A module whose code reads another module from a name of its module (``NORM =
+nn.LayerNorm(3)``, called by its forward: a :class:`Read`) computes with that module's
+weights as much as with its own, so they are digested with its state, under the name
+read (``cells:NORM.weight``), and watched with it: only where it has such, so the
+usual digest does not change.
+
 Digesting reads every byte of the state. :class:`StateWatch` is what is asked at every
 forward instead: it looks only at what torch keeps beside each tensor, so the state
 is digested again only when it may have changed. :mod:`somatize_torch.freeze`, which
@@ -19,28 +25,66 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
+from somatize.catalog import objects_read
 from somatize_torch.digest import digest_named
 
-__all__ = ["StateWatch", "digest_state"]
+__all__ = ["Read", "StateWatch", "digest_state", "modules_read"]
 
 
-def _state_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
-    """A module's parameters and buffers (persistent or not), by name: its state."""
+class Read(NamedTuple):
+    """A module that a module's code reads from a name of its module (``NORM =
+    nn.LayerNorm(3)``, called by its forward), found by
+    :func:`~somatize_torch.freeze.modules_read`: its weights are that module's state too."""
+
+    space: dict[str, Any]
+    """The namespace it is read from."""
+    name: str
+    """The name it is read as."""
+    module: nn.Module
+    """What the name held when it was found."""
+
+    @property
+    def label(self) -> str:
+        """``module:name``."""
+        return f"{self.space.get('__name__', '')}:{self.name}"
+
+
+def modules_read(module: nn.Module, classes: Iterable[type]) -> tuple[Read, ...]:
+    """Each module that the code of ``classes`` (``module``'s: its own and its parts') reads
+    from a name of its module, or of a helper it calls, and that no watch of that code looks
+    into (:func:`~somatize.catalog.objects_read`: one of torch's own classes, or another
+    package's, named by the text that makes it) — not one of ``module``'s own parts."""
+    own = {id(part) for part in module.modules()}
+    found = []
+    for space, name in objects_read(*classes):
+        held = space.get(name)
+        if isinstance(held, nn.Module) and id(held) not in own:
+            found.append(Read(space, name, held))
+    return tuple(found)
+
+
+def _state_tensors(module: nn.Module, read: Sequence[Read] = ()) -> dict[str, torch.Tensor]:
+    """A module's parameters and buffers (persistent or not), by name: its state; and
+    those of each module of ``read``, by the name it is read as (``cells:NORM.weight``)."""
     tensors: dict[str, torch.Tensor] = dict(module.named_parameters())
     for name, buffer in module.named_buffers():
         tensors[name] = buffer
+    for held in read:
+        for name, tensor in _state_tensors(held.module).items():
+            tensors[f"{held.label}.{name}"] = tensor
     return tensors
 
 
-def digest_state(module: nn.Module) -> str:
-    """``blake3:<hex>`` of a module's parameters and buffers (persistent or not), by name."""
-    return digest_named(_state_tensors(module), "state")
+def digest_state(module: nn.Module, read: Sequence[Read] = ()) -> str:
+    """``blake3:<hex>`` of a module's parameters and buffers (persistent or not), by name,
+    and of those of each module its code reads from a name of its module (``read``)."""
+    return digest_named(_state_tensors(module, read), "state")
 
 
 class StateWatch:
@@ -60,7 +104,9 @@ class StateWatch:
     the module meanwhile may have bypassed every counter. A write that bypasses the
     version counter while no gradient is left behind — into ``p.data``, or a fused
     optimizer whose gradients were dropped after its step — is not seen here; only
-    digesting the state again sees it."""
+    digesting the state again sees it. Each module of ``read`` is watched as a part of
+    the module is, and each name it is read as by what it holds (``NORM =
+    nn.LayerNorm(3)`` run again holds another)."""
 
     __slots__ = (
         "_doubted",
@@ -70,6 +116,7 @@ class StateWatch:
         "_names",
         "_owners",
         "_params",
+        "_reads",
         "_requires",
         "_sizes",
         "_tables",
@@ -79,18 +126,20 @@ class StateWatch:
         "_where",
     )
 
-    def __init__(self, module: nn.Module) -> None:
+    def __init__(self, module: nn.Module, read: Sequence[Read] = ()) -> None:
         tables: list[dict[str, Any]] = []
-        owners: list[dict[str, Any]] = []
-        names: list[str] = []
-        values: list[Any] = []
-        for part in module.modules():
+        owners: list[dict[str, Any]] = [held.space for held in read]
+        names: list[str] = [held.name for held in read]
+        values: list[Any] = [held.module for held in read]
+        parts = [*module.modules(), *(part for held in read for part in held.module.modules())]
+        for part in parts:
             for table in (part._parameters, part._buffers, part._modules):
                 tables.append(table)
                 for name, value in table.items():
                     owners.append(table)
                     names.append(name)
                     values.append(value)
+        self._reads = len(read)
         self._tables = tables
         self._sizes = tuple(map(len, tables))
         self._owners = owners
@@ -144,6 +193,10 @@ class StateWatch:
         # that the copy is digested again and watched afresh.
         state = {name: getattr(self, name) for name in self.__slots__ if name != "_memory"}
         state["_doubted"] = True
+        # Nor the namespaces modules are read from: they hold modules, which do not copy.
+        read = self._reads
+        state["_owners"], state["_names"] = self._owners[read:], self._names[read:]
+        state["_values"], state["_reads"] = self._values[read:], 0
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -59,7 +59,7 @@ from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.node import attributes_of, restates, sees_state
 from somatize_torch._precision import Named, precision_on
 from somatize_torch._settings import SettingsWatch, _configs_in, hooks_of, settings_of
-from somatize_torch._state import StateWatch, _state_tensors, digest_state
+from somatize_torch._state import StateWatch, _state_tensors, digest_state, modules_read
 from somatize_torch.codec import TENSOR, LandedOnHost
 
 if TYPE_CHECKING:
@@ -600,8 +600,8 @@ class ModuleNode(Node):
         hold(self.module)
         # Watched from here, so a worker sees its forward change the state it loaded (a
         # buffer it counts in): :meth:`restate` says so, cheaply when nothing changed.
-        self._watch = StateWatch(self.module)
-        return digest_state(self.module)
+        digest, self._watch = watched_state(self.module)
+        return digest
 
     def kind_name(self) -> str:
         return type(self.module).__qualname__
@@ -756,8 +756,18 @@ def restated(
     # freezing looked at the first ones; only on a change, so it costs nothing otherwise.
     refuse_unseen_state(type(module).__name__, module)
     hold(module)
-    digest = digest_state(module)
-    return digest, StateWatch(module)
+    return watched_state(module)
+
+
+def watched_state(module: nn.Module) -> tuple[str, StateWatch]:
+    """The digest of the state a frozen ``module`` is keyed by, and the watch of it from
+    here (taken first: a change as the digest reads it is seen next): its weights and
+    buffers, and those of each module its code reads from a name of its module
+    (:func:`~somatize_torch._state.modules_read`: ``NORM = nn.LayerNorm(3)`` called by its
+    forward), whose weights changed in place, or the name rebound, key its answers anew."""
+    read = modules_read(module, classes_of(module))
+    watch = StateWatch(module, read)
+    return digest_state(module, read), watch
 
 
 _WATCH = "_somatize_watch"
@@ -998,13 +1008,13 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
         module = module_of(node)
         assert module is not None
         hold(module)
-        digest = digest_state(module)
+        digest, watch = watched_state(module)
         memory.freeze(name, digest)
         node._smz.state = digest
         if isinstance(node, ModuleNode):
-            node._watch = StateWatch(module)
+            node._watch = watch
         else:
-            vars(node)[_WATCH] = StateWatch(module)
+            vars(node)[_WATCH] = watch
         out[name] = digest
         # The values, functions and hooks it keeps may have changed since the graph was
         # built. One that cannot be declared is refused where its key is computed, as it

@@ -181,7 +181,7 @@ class CachedRows(nn.Module):
         self._node.named(type(module).__name__).frozen()
         self._state = freeze(Graph.somatize(self._node))[self._node._smz.name or ""]
         self._identity = self._node._smz.identity
-        self._watch: StateWatch | None = StateWatch(module)
+        self._watch: StateWatch | None = self._node._watch  # taken as `freeze` digested it
         # The tables of attributes of the module's parts as listed under that watch, whose
         # training flags a forward looks at.
         self._parts: tuple[StateWatch | None, list[dict[str, Any]]] | None = None

@@ -28,6 +28,7 @@ import somatize.torch as smt
 from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store, engine, plan
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
+from tests.global_modules import normed_cell, scaled
 
 
 class Encoder(nn.Module):
@@ -232,6 +233,46 @@ def test_a_cached_module_put_back_in_train_mode_warns_when_its_answer_is_recalle
     assert g.record is not None and g.record.outcome == {"encoder": "recalled"}
     assert torch.equal(again, first)
     assert not encoder.drop.training
+
+
+def test_a_torch_module_in_a_global_the_forward_calls_is_keyed_as_the_node_s_state(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen module node whose module's forward calls a module of torch's own classes held
+    in a global (``NORM = nn.LayerNorm(3)``) is keyed by that module's weights too: changed
+    in place, the node runs again with them, its answer not recalled; set back, the first
+    answer is."""
+    cell = normed_cell(monkeypatch, "tests.freeze_norm_cell")
+    normed = cell.Normed()
+    g = Graph.somatize(smt.ModuleNode(normed).named("normed").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(5, 6))
+    with torch.no_grad():
+        first = g.forward(x, store=store)
+        scaled(cell.NORM, 2.0)
+        doubled = g.forward(x, store=store)
+        assert g.record is not None and g.record.outcome == {"normed": "ran"}
+        assert torch.equal(doubled, normed(x.value))
+        scaled(cell.NORM, 0.5)
+        assert torch.equal(g.forward(x, store=store), first)
+        assert g.record.outcome == {"normed": "recalled"}
+
+
+def test_a_module_node_whose_module_calls_a_torch_module_in_a_global_is_copied(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A frozen module node whose module's forward calls a module held in a global is copied
+    whole (``copy.deepcopy``): the watch of that global's weights holds the cell's
+    namespace, which holds modules no copy is made of, and is not copied with it; the copy,
+    in a graph of its own, answers as the node does."""
+    cell = normed_cell(monkeypatch, "tests.freeze_norm_cell")
+    node = smt.ModuleNode(cell.Normed()).named("normed").frozen().cached()
+    smt.freeze(Graph.somatize(node))
+    x = Opaque(torch.randn(5, 6))
+    copied = Graph.somatize(copy.deepcopy(node))
+    smt.freeze(copied)
+    with torch.no_grad():
+        assert torch.equal(copied.forward(x, store=store), node.module(x.value))
 
 
 def test_a_cached_module_node_is_keyed_by_the_precision_it_runs_in(store: Store) -> None:

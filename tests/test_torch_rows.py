@@ -42,6 +42,7 @@ from somatize_torch.rows import (
     prefill,
 )
 from somatize_torch.wrap import CachedInputNeedsGrad
+from tests.global_modules import normed_cell, scaled
 
 
 def encoder(seed: int = 0) -> nn.Module:
@@ -2952,6 +2953,50 @@ def test_a_global_tensor_the_cached_module_s_forward_reads_changed_in_place_says
     cell.MEAN[0] = 5.0
     with pytest.raises(RowsError, match=r"`tests\.rows_cell:MEAN` was changed in place after"):
         cached(x)
+
+
+def test_a_torch_module_in_a_global_the_forward_calls_keys_rows_by_its_weights(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module of torch's own classes held in a global the module's forward calls (``NORM =
+    nn.LayerNorm(3)``) computes its rows as much as the module's own weights do: its weights
+    changed in place, or a checkpoint loaded into it, key the rows anew, computed with them,
+    not the rows of the old weights recalled; set back, those are recalled again, and a new
+    cache over the same store computes rows under weights it never kept rows for."""
+    cell = normed_cell(monkeypatch, "tests.rows_norm_cell")
+    cached = cache_rows(cell.Normed(), store=store)
+    x = torch.randn(5, 6)
+    first = cached(x)
+    cached.flush()
+    scaled(cell.NORM, 2.0)
+    doubled = cached(x)
+    with torch.no_grad():
+        assert torch.equal(doubled, cached.module(x))
+    assert not torch.equal(doubled, first)
+    assert cached.stats.computed == 10
+    scaled(cell.NORM, 0.5)
+    assert torch.equal(cached(x), first)
+    assert cached.stats.computed == 10
+    cell.NORM.load_state_dict({"weight": torch.full((3,), 3.0), "bias": torch.zeros(3)})
+    again = cache_rows(cached.module, store=store)
+    assert torch.allclose(again(x), first * 3.0)
+    assert again.stats.computed == 5
+
+
+def test_a_torch_module_in_a_global_made_again_with_other_weights_keys_rows_anew(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cell holding the global module run again, its module made by the same text and
+    given other weights, is no other code (the fingerprint names it by that text): the rows
+    are keyed by the weights of the module the global holds now, not the old module's
+    recalled."""
+    cell = normed_cell(monkeypatch, "tests.rows_norm_cell")
+    cached = cache_rows(cell.Normed(), store=store)
+    x = torch.randn(5, 6)
+    first = cached(x)
+    exec("NORM = nn.LayerNorm(3)\nNORM.weight.data.fill_(2.0)", vars(cell))
+    assert torch.allclose(cached(x), first * 2.0)
+    assert cached.stats.computed == 10
 
 
 class CountedOnItsClass(OnALinear):

@@ -50,6 +50,7 @@ from somatize_torch import _cached
 from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
+from tests.global_modules import normed_cell, scaled
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -9302,6 +9303,28 @@ def test_a_helper_the_model_s_forward_calls_rebound_is_refused_not_the_same_agai
         exec("def doubled(t):\n    return t * 3\n", vars(cell))
         with pytest.raises(smt.WrapError, match=r"`tests\.wrap_cell:doubled` was rebound"):
             wrapped(x)
+
+
+def test_a_torch_module_in_a_global_the_cached_part_calls_keys_its_answers(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cached part whose forward calls a module of torch's own classes held in a global
+    (``NORM = nn.LayerNorm(3)``) is keyed by that module's weights too: changed in place, the
+    wrapped model answers what the model does, the part computed with them, not its old
+    answer recalled; set back, that answer is recalled."""
+    cell = normed_cell(monkeypatch, "tests.wrap_norm_cell")
+    model = cell.HeadOnNormed()
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        first = wrapped(x)
+        scaled(cell.NORM, 2.0)
+        assert torch.equal(wrapped(x), model(x))
+        assert wrapped.graph.record is not None
+        assert wrapped.graph.record.outcome["encoder"] == "ran"
+        scaled(cell.NORM, 0.5)
+        assert torch.equal(wrapped(x), first)
+        assert wrapped.graph.record.outcome["encoder"] == "recalled"
 
 
 class Noisy(nn.Module):

@@ -613,16 +613,9 @@ class _Looked:
     __slots__ = ("names", "spaces")
 
     def __init__(self, lineage: Iterable[type]) -> None:
-        places: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}
-        for kind in lineage:
-            found = _FINGERPRINTS.get(kind)
-            for reads, name, _ in found[1] if found is not None else ():
-                by = reads()
-                if by is not None:
-                    space = _space_of(by)
-                    places.setdefault((id(space), name), (space, name))
-        self.spaces = [space for space, _ in places.values()]
-        self.names = [name for _, name in places.values()]
+        places = _places_looked(lineage)
+        self.spaces = [space for space, _ in places]
+        self.names = [name for _, name in places]
 
     def values(self) -> list[Any]:
         """What each name holds now (:data:`_ABSENT` where it holds nothing)."""
@@ -636,6 +629,41 @@ class _Looked:
         )
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _places_looked(
+    lineage: Iterable[type], unwatched: bool = False
+) -> list[tuple[dict[str, Any], str]]:
+    """Each name of their modules the fingerprints of the classes ``lineage`` looked up
+    (:data:`~somatize.catalog._names.Looked`), with the namespace it is read in, once each;
+    ``unwatched``: only those holding what no watch looks into (:func:`objects_read`)."""
+    places: dict[tuple[int, str], tuple[dict[str, Any], str]] = {}
+    for kind in lineage:
+        found = _FINGERPRINTS.get(kind)
+        for reads, name, was in found[1] if found is not None else ():
+            by = reads()
+            if by is not None and not (unwatched and isinstance(was, _HeldSeen)):
+                space = _space_of(by)
+                places.setdefault((id(space), name), (space, name))
+    return list(places.values())
+
+
+def objects_read(*kinds: type) -> list[tuple[dict[str, Any], str]]:
+    """Each name of their modules that the code of ``kinds`` (and of the classes they inherit
+    from, short of the library's) reads and that holds an object no watch looks into
+    (:func:`watch_code`), with the namespace it is read in: one of the library's or of
+    another package (``NORM = nn.LayerNorm(3)``, read by a forward or a helper it calls),
+    which their fingerprint (:func:`fingerprint_of`, worked out here where it is not) names
+    by the text that makes it, or by what says it, not by what it holds — and, with them,
+    the names holding plain values, functions and classes, which a watch sees rebound. A
+    taker that keys what such an object holds itself (a module's weights, changed in
+    place) reads each name as it is now and picks its own; an object of a helper class of
+    the code, or a table it only reads, is watched by its mark and not among them."""
+    fingerprint_of(*kinds)
+    lineage = dict.fromkeys(
+        above for kind in kinds for above in _ancestry(kind) if not _left_out(above)
+    )
+    return _places_looked(lineage, unwatched=True)
 
 
 def _bodies(helper: type) -> list[Any]:
