@@ -640,6 +640,12 @@ class CacheFrozen(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
+        if "train" not in self._started:
+            # An epoch resumed from a checkpoint written inside it (or at its last batch:
+            # the epoch after it too) gets no epoch-start hook from Lightning; this
+            # callback's own is run here, at its first batch, so the epoch is counted,
+            # its modules looked at, and its loaders checked, as any other's.
+            self.on_train_epoch_start(trainer, pl_module)
         self._training_again()
         self._first_batch(pl_module)
 

@@ -1200,6 +1200,65 @@ def test_a_checkpoint_loads_into_the_plain_module_and_resumes(tmp_path: Path) ->
     assert epoch.rows.from_store == SAMPLES and epoch.rows.computed == 0
 
 
+def _checkpoints_every_two_steps(
+    root: Path, model: pl.LightningModule, train: Any, callbacks: list[pl.Callback]
+) -> Path:
+    """Where a one-epoch fit of ``model`` writes its checkpoints, one every two steps
+    (``step=2.ckpt``, inside the epoch, and ``step=4.ckpt``, at its last batch)."""
+    checkpoints = ModelCheckpoint(
+        dirpath=root / "ckpt", every_n_train_steps=2, save_top_k=-1, filename="{step}"
+    )
+    fit = trainer(root, 1, callbacks=[*callbacks, checkpoints], enable_checkpointing=True)
+    fit.fit(model, train)
+    return root / "ckpt"
+
+
+def test_an_epoch_resumed_mid_way_counts_and_logs_its_rows(tmp_path: Path) -> None:
+    """Resumed from a checkpoint written inside an epoch, or at its last batch (Lightning
+    runs no epoch-start hook for that epoch, nor, from the last batch, for the next), each
+    epoch is counted and logged with the rows it asked: the two batches left of the first,
+    and every batch of the second, all recalled from the store."""
+    store = tmp_path / "store"
+    saved = _checkpoints_every_two_steps(
+        tmp_path, Probe(), loader(), [CacheFrozen(store, ["encoder"])]
+    )
+    for step, resumed_rows in ((2, [SAMPLES // 2, SAMPLES]), (4, [SAMPLES])):
+        resumed = CacheFrozen(store, ["encoder"])
+        logs = CSVLogger(tmp_path / f"logs{step}")
+        again = trainer(tmp_path, 2, callbacks=[resumed], logger=logs)
+        again.fit(Probe(), loader(), ckpt_path=saved / f"step={step}.ckpt")
+        rows = [(e.rows.rows, e.rows.recalled) for e in epochs(resumed, "train")]
+        assert rows == [(n, n) for n in resumed_rows]
+        with open(next((tmp_path / f"logs{step}").rglob("metrics.csv"))) as f:
+            logged = [r for r in csv.DictReader(f) if r.get("cache/encoder/hit_rate")]
+        assert [float(r["cache/encoder/hit_rate"]) for r in logged] == [1.0] * len(resumed_rows)
+        assert [float(r["cache/encoder/rows_recalled"]) for r in logged] == resumed_rows
+
+
+class IndexedPairs(Indexed):
+    """Trains on a dict of loaders, each batch of each keyed by its sample indices."""
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        losses = [Indexed.training_step(self, batch[k], batch_idx) for k in batch]
+        return torch.stack(losses).sum()
+
+
+def test_several_loaders_keyed_by_index_are_refused_in_an_epoch_resumed_mid_way(
+    tmp_path: Path,
+) -> None:
+    """Two training loaders keyed by index under the callback's version are refused in an
+    epoch resumed from a checkpoint written inside it, as in any other: the second
+    loader's rows would be answered with the first one's."""
+    saved = _checkpoints_every_two_steps(
+        tmp_path, IndexedPairs(), {"a": _indexed(1), "b": _indexed(2)}, []
+    )
+    callback = CacheFrozen(None, ["encoder"], key="index", version="toy@1")
+    with pytest.raises(CacheFrozenError, match="2 loaders whose samples it cannot tell apart"):
+        trainer(tmp_path, 1, callbacks=[callback]).fit(
+            IndexedPairs(), {"a": _indexed(1), "b": _indexed(2)}, ckpt_path=saved / "step=2.ckpt"
+        )
+
+
 class _Fails(Probe):
     """Fails at its first training step."""
 
