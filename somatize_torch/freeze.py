@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
+from torch.nn.utils import parametrize
 from torch.utils._pytree import tree_leaves
 
 import somatize
@@ -485,7 +486,7 @@ class ModuleNode(Node):
         self.spread = spread
         self.call = call if call is not None else module
         self.declared = declared
-        identity = identity_of(type(module))
+        identity = identity_of(named_class(module))
         if identity is not None:
             self._smz.identity = identity
 
@@ -522,7 +523,7 @@ class ModuleNode(Node):
                 "worker constructs the module itself and loads the frozen weights into it, "
                 'or place it on a `Worker.generic(mode="local")` worker'
             )
-        if identity_of(type(self.module)) is None:
+        if identity_of(named_class(self.module)) is None:
             raise Unbuildable(
                 f"`{kind}` is defined inside a function, so no other process can find it. "
                 "Define the module class at module level, in a module the worker can import"
@@ -613,7 +614,7 @@ class ModuleNode(Node):
         return classes_of(self.module)
 
     def declare(self) -> Any:
-        kind = type(self.module)
+        kind = named_class(self.module)
         if identity_of(kind) is None:
             raise Undeclared(
                 f"`{kind.__qualname__}` is defined inside a function, so nothing names it the "
@@ -931,6 +932,19 @@ def module_of(node: Node) -> nn.Module | None:
     if isinstance(node, nn.Module):
         return node
     return None
+
+
+def named_class(module: nn.Module) -> type:
+    """The class ``module`` is named by: its own, or the one it was made as where torch
+    parametrized the module itself (``register_parametrization``, ``weight_norm``). torch
+    moves such a module into a class it makes as it does so, ``Parametrized<Name>``, a
+    subclass of the module's own that no module holds under its name; what it adds is
+    the parametrizations, parts of the module (``parametrizations``) named in its
+    declaration, their weights in its state, as a parametrized part's are."""
+    kind = type(module)
+    if kind.__module__ == parametrize.__name__ and parametrize.is_parametrized(module):
+        return kind.__bases__[0]
+    return kind
 
 
 def classes_of(module: nn.Module) -> tuple[type, ...]:

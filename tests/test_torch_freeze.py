@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils.parametrizations import weight_norm
 
 import somatize.torch as smt
 from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store, engine, plan
@@ -1851,6 +1853,90 @@ def test_a_module_built_on_the_meta_device_is_frozen_once_its_weights_are_loaded
     assert g.record.outcome == {"linear": "recalled"}
     with torch.no_grad():
         assert torch.equal(first, loaded(x))
+
+
+class Scaling(nn.Module):
+    """A parametrization: the tensor it is handed, times ``factor``."""
+
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, value: torch.Tensor) -> torch.Tensor:
+        return value * self.factor
+
+
+class PlusOne(nn.Module):
+    """A parametrization: the tensor it is handed, plus one."""
+
+    def forward(self, value: torch.Tensor) -> torch.Tensor:
+        return value + 1
+
+
+def _parametrized(seed: int, factor: float = 2.0) -> nn.Linear:
+    """A linear layer parametrized itself: torch moves it into a class it makes."""
+    torch.manual_seed(seed)
+    module = nn.Linear(6, 4)
+    parametrize.register_parametrization(module, "weight", Scaling(factor))
+    return module
+
+
+def _answer(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return module(x)
+
+
+def test_a_module_parametrized_itself_is_named_by_its_class(store: Store) -> None:
+    """A module torch parametrized itself (``weight_norm``, ``register_parametrization``)
+    is in a class torch made at run time, which no module holds: it is named by the class
+    it was made as and by its parametrizations, and frozen and cached by a graph, by
+    ``wrap`` or per row as any module is — not refused as a class defined in a function.
+    One with another parametrization, or none, over the same weights in the same store is
+    answered for itself."""
+    x = torch.randn(3, 6)
+    torch.manual_seed(0)
+    normed = weight_norm(nn.Linear(6, 4))
+    node = smt.ModuleNode(normed)
+    assert node._smz.identity == "torch.nn.modules.linear:Linear"
+    g = Graph.somatize(node.named("encoder").frozen().cached())
+    smt.freeze(g)
+    assert torch.equal(g.forward(Opaque(x), store=store), _answer(normed, x))
+    wrapped = smt.wrap(_parametrized(1), frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    assert torch.equal(wrapped(x), _answer(_parametrized(1), x))
+    torch.manual_seed(1)
+    for module in (_parametrized(1), nn.Linear(6, 4), _parametrized(1, 3.0)):
+        assert torch.equal(smt.cache_rows(module, store)(x), _answer(module, x))
+
+
+def test_a_change_to_a_module_parametrized_itself_is_seen(store: Store) -> None:
+    """A value of its parametrization changed, its original weight changed in place or
+    loaded anew, a parametrization added or removed (the module back in its own class),
+    and one put on the module after it was cached: each is seen at the next call, which
+    answers what torch answers."""
+    x = torch.randn(3, 6)
+    module = _parametrized(0)
+    cached = smt.cache_rows(module, store)
+
+    def agrees() -> None:
+        assert torch.equal(cached(x), _answer(module, x))
+
+    agrees()
+    module.parametrizations.weight[0].factor = 3.0
+    agrees()
+    with torch.no_grad():
+        module.parametrizations.weight.original.add_(1.0)
+    agrees()
+    module.load_state_dict({name: t * 2 for name, t in module.state_dict().items()})
+    agrees()
+    parametrize.register_parametrization(module, "bias", PlusOne())
+    agrees()
+    parametrize.remove_parametrizations(module, "bias", leave_parametrized=False)
+    parametrize.remove_parametrizations(module, "weight", leave_parametrized=False)
+    assert type(module) is nn.Linear
+    agrees()
+    parametrize.register_parametrization(module, "weight", PlusOne())
+    agrees()
 
 
 def _negate(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
