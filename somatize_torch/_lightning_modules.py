@@ -74,7 +74,7 @@ from somatize_torch._lightning_options import cached_twice
 from somatize_torch._row_keys import _floating_dtypes, _run_in
 from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import DeferredRows
-from somatize_torch.freeze import AsFound, asked_changes, few
+from somatize_torch.freeze import AsFound, asked_changes, few, refuse_scripted
 from somatize_torch.rows import CachedRows, cache_rows
 from somatize_torch.wrap import Wrapped
 
@@ -121,6 +121,8 @@ def locate(root: nn.Module, name: str) -> tuple[nn.Module, str, nn.Module]:
     parent = root
     atoms = name.split(".")
     for depth, atom in enumerate(atoms):
+        if depth:  # a TorchScript module's parts are in no dict to look them up in
+            refuse_scripted(".".join(atoms[:depth]), parent, CacheFrozenError)
         parent = unwrapped(parent)
         child = parent._modules.get(atom)
         if child is None:
@@ -139,7 +141,8 @@ def locate(root: nn.Module, name: str) -> tuple[nn.Module, str, nn.Module]:
 
 def find(pl_module: pl.LightningModule, name: str) -> tuple[nn.Module, str, nn.Module]:
     """:func:`locate` in a LightningModule, for ``setup()``: a name not found says so
-    for a module made in ``configure_model()``, and a compiled submodule is refused."""
+    for a module made in ``configure_model()``, and a compiled submodule is refused, as
+    is a TorchScript one, or one holding one."""
     try:
         parent, attribute, found = locate(pl_module, name)
     except NotASubmodule as missing:
@@ -152,6 +155,7 @@ def find(pl_module: pl.LightningModule, name: str) -> tuple[nn.Module, str, nn.M
             "frozen encoder in `__init__`, or cache it yourself in `configure_model()` "
             "(`self.encoder = somatize.torch.cache_rows(encoder, store)`)"
         ) from None
+    refuse_scripted(name, found, CacheFrozenError)
     if type(found).__name__ == "OptimizedModule":
         raise CompiledSubmodule(
             f"`{name}` is compiled with torch.compile, and a compiled module cannot be "

@@ -1045,9 +1045,11 @@ def refuse_unseen_state(name: str, module: nn.Module | None) -> None:
     checkpoint loaded in place) could never be seen, and weights a part keeps packed
     outside its parameters and buffers (torch.ao's quantized modules), which are not
     digested at all. Either way the answers kept for some weights would be recalled for
-    others."""
+    others. A TorchScript module, or one holding one, is refused first
+    (:func:`refuse_scripted`)."""
     if module is None:
         return
+    refuse_scripted(name, module)
     tensors = [*module.named_parameters(), *module.named_buffers()]
     lazy = [part for part, tensor in tensors if is_lazy(tensor)]
     if lazy:
@@ -1084,6 +1086,45 @@ def refuse_unseen_state(name: str, module: nn.Module | None) -> None:
             "or this one with a checkpoint loaded, would be recalled the answers kept for "
             "these. Cache the module before it is quantized, or leave it uncached"
         )
+
+
+def scripted_parts(module: nn.Module) -> list[str]:
+    """The paths of the TorchScript modules (``torch.jit.script``, ``torch.jit.trace``) in
+    ``module``, the module itself ``""``, none inside another listed."""
+    found: list[str] = []
+    for path, part in module.named_modules():
+        inside = any(path.startswith(f"{outer}.") or not outer for outer in found)
+        if isinstance(part, torch.jit.ScriptModule) and not inside:
+            found.append(path)
+    return found
+
+
+def refuse_scripted(
+    name: str, module: nn.Module, error: Callable[[str], Exception] = FreezeError
+) -> None:
+    """Refuses ``module`` (called ``name``) if it is, or holds, a TorchScript module: what
+    one computes is code compiled from the Python module, kept on torch's C++ side with
+    its submodules, which somatize reads nothing of, so modules of other code would be
+    keyed alike (two traces of one class, taken through other branches), and it keeps no
+    Python attributes to be held frozen by, or watched. torch's own errors (no
+    ``requires_grad_`` on a ScriptModule, its parts found by no ``get``) said none of it."""
+    found = scripted_parts(module)
+    if not found:
+        return
+    if found == [""]:
+        made = getattr(module, "original_name", "")
+        what = f"is a TorchScript module{f' (of `{made}`)' if made else ''}"
+        do = "Pass the Python module it was made from instead"
+    else:
+        what = f"holds TorchScript modules ({few(found)})"
+        do = "Put the Python modules they were made from in their place"
+    raise error(
+        f"`{name}` {what}, made by `torch.jit.script` or `torch.jit.trace`: what one "
+        "computes is code TorchScript compiled, kept on torch's C++ side, which somatize "
+        "cannot read, so modules of other code (two traces of one class, through other "
+        "branches) would be keyed alike and share answers, and it cannot be held frozen "
+        f"as a Python module is. {do}"
+    )
 
 
 def refuse_tied(

@@ -111,6 +111,7 @@ from somatize_torch.freeze import (
     held_while,
     hold,
     is_held,
+    refuse_scripted,
 )
 from somatize_torch.residency import Tier
 from somatize_torch.writer import Writer, reading
@@ -155,6 +156,8 @@ class CachedRows(nn.Module):
         strict: bool = False,
     ) -> None:
         super().__init__()
+        # Before its tables are shared: a TorchScript module keeps none of its own.
+        refuse_scripted(type(module).__name__, module)
         # The mode asked of the wrapper is recorded (the module is held in eval), from the
         # module's own: what it is put back in once it is no longer cached.
         self.training = module.training

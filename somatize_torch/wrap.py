@@ -120,7 +120,7 @@ from somatize_torch._tracing import (
     value_key,
 )
 from somatize_torch._values import Reread, Values
-from somatize_torch.freeze import ModuleNode
+from somatize_torch.freeze import ModuleNode, refuse_scripted
 
 __all__ = [
     "CachedInputNeedsGrad",
@@ -841,6 +841,8 @@ def wrap(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"wrap takes an nn.Module, got a `{type(model).__name__}`")
+    # Before any name is looked up: a TorchScript module's parts are found by no `get`.
+    refuse_scripted(type(model).__name__, model, WrapError)
     frozen_names = _names(frozen, model, "frozen")
     cached_names = _names(cached, model, "cached")
     for name in cached_names:

@@ -1995,6 +1995,16 @@ def test_compiled_submodule_is_refused(tmp_path: Path) -> None:
         CacheFrozen(None, ["encoder"]).setup(trainer(tmp_path, 1), model, "fit")
 
 
+@pytest.mark.parametrize("name", ["encoder", "encoder.conv"])
+def test_torchscript_submodule_is_refused(tmp_path: Path, name: str) -> None:
+    """A submodule made by ``torch.jit.script``, or a part of one, is refused saying so,
+    not with torch's own error as its parts are looked up or it is frozen."""
+    model = Probe()
+    model.encoder = torch.jit.script(model.encoder)  # type: ignore[assignment]
+    with pytest.raises(CacheFrozenError, match=r"`encoder` is a TorchScript module \(of `Encoder`"):
+        CacheFrozen(None, [name]).setup(trainer(tmp_path, 1), model, "fit")
+
+
 def test_bad_names_are_refused() -> None:
     """Nested, repeated or empty module names are refused when the callback is made."""
     with pytest.raises(CacheFrozenError, match=r"`encoder\.conv` is inside `encoder`"):

@@ -1939,6 +1939,51 @@ def test_a_change_to_a_module_parametrized_itself_is_seen(store: Store) -> None:
     agrees()
 
 
+def _scripted(module: nn.Module, x: torch.Tensor) -> nn.Module:
+    return torch.jit.script(module)
+
+
+def _traced(module: nn.Module, x: torch.Tensor) -> nn.Module:
+    return torch.jit.trace(module, x)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated:DeprecationWarning")
+@pytest.mark.parametrize("make", [_scripted, _traced])
+def test_a_torchscript_module_is_refused(
+    make: Callable[[nn.Module, torch.Tensor], nn.Module], store: Store
+) -> None:
+    """What a module ``torch.jit.script`` or ``torch.jit.trace`` made computes is code
+    somatize cannot read: freezing, caching or wrapping one, or a module holding one, is
+    refused saying so (not with torch's own error from deep inside, nor as a quantized
+    module), and so is a module cached per row whose part is made one after, at its next
+    call."""
+    x = torch.randn(3, 6)
+
+    def made() -> nn.Module:
+        return make(nn.Sequential(nn.Linear(6, 4), nn.Tanh()), x)
+
+    module = made()
+    g = Graph.somatize(smt.ModuleNode(module).named("encoder").frozen().cached())
+    with pytest.raises(
+        smt.FreezeError,
+        match=r"`encoder` is a TorchScript module \(of `Sequential`\).*Pass the Python module",
+    ):
+        smt.freeze(g)
+    assert g.memory.state_of("encoder") is None
+    with pytest.raises(smt.FreezeError, match="is a TorchScript module"):
+        smt.cache_rows(made(), store)
+    with pytest.raises(smt.WrapError, match="is a TorchScript module"):
+        smt.wrap(made(), frozen=True, cached=True)
+    with pytest.raises(smt.WrapError, match=r"holds TorchScript modules \(`0`\)"):
+        smt.wrap(nn.Sequential(made(), nn.Linear(4, 2)), frozen=["0"], cached=["0"])
+    encoder = nn.Sequential(nn.Linear(6, 4), nn.Tanh())
+    cached = smt.cache_rows(encoder, store)
+    cached(x)
+    encoder[0] = make(encoder[0], x)
+    with pytest.raises(smt.FreezeError, match=r"holds TorchScript modules \(`0`\)"):
+        cached(x)
+
+
 def _negate(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
     return -output
 
