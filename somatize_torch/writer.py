@@ -206,14 +206,16 @@ class _Failure:
 class _Group:
     """The jobs of one write kept through one store object under one fingerprint (one
     group a write, unless writers of several modules, or of the store opened twice, share
-    the thread): the joined write they go through, the bytes kept of each job (by its
-    id), what failed them if anything did, and the seconds spent writing them."""
+    the thread): the joined write they go through, the bytes each row of each job is kept
+    as (by the job's id), what failed them if anything did, the keys of theirs the store
+    has all the same (:meth:`look_for_landed`), and the seconds spent writing them."""
 
     store: Store
     jobs: list[_Job] = field(default_factory=list)
     joined: JoinedWrite | None = None
     kept: dict[int, int] = field(default_factory=dict)
     error: BaseException | None = None
+    landed: set[str] = field(default_factory=set)
     took: float = 0.0
 
     def failed(self, why: BaseException) -> None:
@@ -227,6 +229,20 @@ class _Group:
                 self.joined.abort()
         except BaseException as also:  # the thread goes on; what is left in tmp/ a gc sweeps
             log.error("somatize: a failed write could not be let go of: %s", _said(also))
+
+    def look_for_landed(self) -> None:
+        """Notes which rows of the group the store has though its write failed: a joined
+        write cut into packs (where one fills) publishes each whole as it goes, so the
+        packs published before the failure (a disk that filled on the last) are kept, and
+        their rows are counted kept, not failed. None is, where the store cannot say."""
+        if self.error is None or self.joined is None:  # never begun: nothing was written
+            return
+        keys = [key for job in self.jobs for key in job.keys]
+        try:
+            with store_lock(self.store):
+                self.landed = set(self.store.have(keys))
+        except BaseException as also:  # the thread goes on; the rows are counted failed
+            log.error("somatize: which rows a failed write kept could not be told: %s", _said(also))
 
 
 class _Account:
@@ -864,7 +880,7 @@ class _Backlog:
                 if group.joined is None:
                     group.joined = group.store.open_joined(TENSOR.name, job.fingerprint)
                 group.joined.add(job.keys, batch, [step] * len(job.keys))
-            group.kept[id(job)] = step * len(job.keys)
+            group.kept[id(job)] = step
             if viewed is not None:
                 # Recalled from the encoded buffer until they are published: the staging
                 # buffer goes back to the pool now, for the next batch, rather than once
@@ -890,16 +906,20 @@ class _Backlog:
                     mine = [job for job in jobs if job.account is account]
                     rows = sum(len(job.keys) for job in mine)
                     account.took_s += group.took
-                    if error is None:
-                        account.kept_rows += rows
-                        account.kept_bytes += sum(group.kept[id(job)] for job in mine)
-                    else:
-                        account.failed_rows += rows
-                        account.failures.append(_Failure(mine[0].seq, mine[-1].seq, rows, error))
+                    kept = {id(job): _landed_in(group, job) for job in mine}
+                    kept_rows = sum(kept.values())
+                    account.kept_rows += kept_rows
+                    account.kept_bytes += sum(
+                        group.kept.get(id(job), 0) * kept[id(job)] for job in mine
+                    )
+                    if error is not None and kept_rows < rows:
+                        account.failed_rows += rows - kept_rows
+                        failed = _Failure(mine[0].seq, mine[-1].seq, rows - kept_rows, error)
+                        account.failures.append(failed)
                 if error is not None:
                     # Rows other writers recalled from these jobs' staged copies answered
                     # right but never reached the store: those writers are told too.
-                    _tell_recallers(jobs, error)
+                    _tell_recallers(jobs, error, group.landed)
             self.pending -= sum(job.nbytes for group in groups for job in group.jobs)
             self.done += sum(len(group.jobs) for group in groups)
             self.changed.notify_all()
@@ -920,8 +940,9 @@ class _Backlog:
             group.failed(why)
         finally:
             group.took += time.perf_counter() - start
-            if group.error is not None:
-                rows = sum(len(job.keys) for job in group.jobs)
+            group.look_for_landed()
+            rows = sum(len(job.keys) - _landed_in(group, job) for job in group.jobs)
+            if group.error is not None and rows:
                 log.error(
                     "somatize: %d computed rows could not be written: %s",
                     rows,
@@ -938,12 +959,25 @@ class _Backlog:
                 job.staged.release()
 
 
-def _tell_recallers(jobs: list[_Job], error: BaseException) -> None:
+def _landed_in(group: _Group, job: _Job) -> int:
+    """How many rows of ``job`` (of ``group``) are in the store: all of them where the
+    group's write did not fail, else those it kept all the same
+    (:meth:`_Group.look_for_landed`)."""
+    if group.error is None:
+        return len(job.keys)
+    return sum(key in group.landed for key in job.keys)
+
+
+def _tell_recallers(jobs: list[_Job], error: BaseException, landed: set[str]) -> None:
     """Adds to each account that recalled rows of ``jobs`` (failed with ``error``) a failure
-    of the rows it recalled; called with the backlog's ``changed`` held."""
+    of the rows it recalled that the store does not have (``landed`` it has); called with
+    the backlog's ``changed`` held."""
     told: dict[int, _Failure] = {}
     for job in jobs:
-        for key, (account, slots) in job.recalled_by.items():
+        for key, (account, taken) in job.recalled_by.items():
+            slots = [slot for slot in taken if job.keys[slot] not in landed]
+            if not slots:
+                continue
             failure = told.get(key)
             if failure is None:
                 failure = told[key] = _Failure(job.seq, job.seq, 0, error, recalled=True)

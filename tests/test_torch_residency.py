@@ -34,6 +34,7 @@ from torch.utils.data import DataLoader, Dataset
 from somatize import CodecError, SomatizeWarning, Store, StoreError
 from somatize._threads import ProcessLock
 from somatize.store import _local_joined as local_joined
+from somatize.store import records
 from somatize.store._packed import frozen, steady
 from somatize.store.local import LocalStore
 from somatize_torch import writer as writer_module
@@ -1287,23 +1288,28 @@ def test_a_batch_written_gives_its_staging_buffer_back_and_is_recalled_from_its_
     writer.close()
 
 
+def _full_at_batch(count: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Has a directory's joined write find the disk full as it writes its ``count``-th batch."""
+    written = 0
+    real = local_joined.steady_runs
+
+    def full_then(*args: Any, **kwargs: Any) -> Any:
+        nonlocal written
+        written += 1
+        if written == count:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(local_joined, "steady_runs", full_then)
+
+
 def test_a_batch_that_fails_to_write_fails_every_row_gathered_with_it(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch whose write fails (the disk full) after earlier ones of its pack were written
     to ``tmp/`` fails them all, as one write: flush raises for every row, none is kept or
     left in ``tmp/``, and the thread goes on to write later rows."""
-    written = 0
-    real = local_joined.steady_runs
-
-    def full_at_the_second(*args: Any, **kwargs: Any) -> Any:
-        nonlocal written
-        written += 1
-        if written == 2:
-            raise OSError(errno.ENOSPC, "No space left on device")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(local_joined, "steady_runs", full_at_the_second)
+    _full_at_batch(2, monkeypatch)
     writer = Writer(store, linger=60.0)
     keys = [f"blake3:{i:064x}" for i in range(80)]
     writer.submit(keys[:64], torch.randn(64, 256))
@@ -1317,6 +1323,27 @@ def test_a_batch_that_fails_to_write_fails_every_row_gathered_with_it(
     writer.submit(keys[72:], torch.randn(8, 256))
     assert _within(writer.flush) is None
     assert Store(store.root).have(keys) == set(keys[72:])  # type: ignore[attr-defined]
+    writer.close()
+
+
+def test_rows_of_packs_published_before_a_write_failed_are_counted_kept(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write cut into packs (where one fills) publishes each whole as it goes: where the
+    disk fills on a later one, the rows of those published are in the store, and are
+    counted kept, not failed; only the rest are raised as not written."""
+    monkeypatch.setattr(records, "PACK_BYTES", 12 << 10)
+    _full_at_batch(3, monkeypatch)
+    writer = Writer(store, linger=60.0)
+    keys = [f"blake3:{i:064x}" for i in range(24)]
+    for at in range(0, 24, 8):
+        writer.submit(keys[at : at + 8], torch.randn(8, 256))
+    raised = _within(writer.flush)
+    kept = Store(store.root).have(keys)  # type: ignore[attr-defined]
+    assert 0 < len(kept) < len(keys)  # the packs published before the disk filled
+    assert isinstance(raised, WriteFailed), raised
+    assert f"{len(keys) - len(kept)} computed rows could not be written" in str(raised)
+    assert (writer.kept_rows, writer.failed_rows) == (len(kept), len(keys) - len(kept))
     writer.close()
 
 
