@@ -366,6 +366,34 @@ def test_a_shard_folder_symlinked_elsewhere_is_walked_as_readers_follow_it(
     assert bytes(fresh.recall(key_of(1))[1]) == b"kept in a shard moved elsewhere"
 
 
+@pytest.mark.parametrize("link", ["blobs/zz", "blobs/{shard}/evil", "tmp/evil"])
+def test_gc_removes_no_file_outside_the_store_through_a_symlinked_folder(
+    tmp_path: Path, link: str
+) -> None:
+    """A folder symlinked into blobs/ or tmp/ (a shard's name, a link inside a shard, one in
+    tmp/) that leads out of the store, to a folder of other files: gc removed every old
+    file there, and in the folders under it, as a stray of blobs/ or an abandoned write.
+    Only blobs laid out as blobs are taken from a folder a link leads out to; what else is
+    there, and anything tmp/ links to, is none of the store's and is left."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    answer = store.keep(key_of(1), b"an answer", "plain")
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    mine = [outside / "precious.txt", outside / "sub" / "deep.txt"]
+    long_ago = time.time() - 30 * 86400
+    for path in mine:
+        path.write_text("a user's file")
+        os.utime(path, (long_ago, long_ago))
+    (root / "tmp").mkdir(exist_ok=True)
+    shard = store.blob_path(answer.value).parent.name
+    (root / link.format(shard=shard)).symlink_to(outside, target_is_directory=True)
+    LocalStore(root).gc(grace=0, max_bytes=0)
+    assert [path.read_text() for path in mine] == ["a user's file"] * 2
+    assert main(["store", "gc", "--store", str(root), "--grace", "0", "--max-bytes", "0"]) == 0
+    assert [path.read_text() for path in mine] == ["a user's file"] * 2
+
+
 def test_a_store_whose_blobs_are_on_another_filesystem_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

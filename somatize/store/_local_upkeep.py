@@ -40,7 +40,7 @@ from somatize.store._local_files import (
 )
 from somatize.store._packed import hash_bytes
 from somatize.store.base import StoreError
-from somatize.store.upkeep import Entry, blob_digest
+from somatize.store.upkeep import Entry, _laid_out, blob_digest
 
 
 def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -> None:
@@ -100,8 +100,11 @@ class LocalShelf(LocalFiles):
                 raise self._unreadable(section, why) from why
 
         # A folder symlinked elsewhere (a shard moved to make room) is walked, as readers
-        # follow it; one reached twice (a link to a folder already walked) is not.
+        # follow it; one reached twice (a link to a folder already walked) is not. In one
+        # a link leads to out of the store's blobs/ or tmp/, where gc removes what is not
+        # laid out as a blob, only blobs are listed: nothing else there is the store's.
         walked: set[tuple[int, int]] = set()
+        homes = tuple({os.path.realpath(self.root), os.path.realpath(base)})
         for folder, folders, files in os.walk(base, onerror=unlisted, followlinks=True):
             try:
                 here = os.stat(folder)
@@ -121,6 +124,12 @@ class LocalShelf(LocalFiles):
                 continue
             inside = folder[len(base) + 1 :].replace(os.sep, "/")  # "ab" in answers/ab/
             lead = f"{inside}/" if inside else ""
+            if section in ("blobs", "tmp") and not _within(os.path.realpath(folder), homes):
+                folders[:] = []  # a store writes no folder in a shard, nor in tmp/
+                # A write in flight lies in tmp/ itself; a blob in a shard, not under it.
+                files = (
+                    [] if section == "tmp" else [n for n in files if _laid_out(section, lead + n)]
+                )
             for name in files:
                 try:
                     stat = os.stat(f"{folder}{os.sep}{name}")
@@ -391,6 +400,11 @@ class LocalShelf(LocalFiles):
 
     def _uses(self) -> dict[tuple[str, str], float]:
         return {}
+
+
+def _within(path: str, homes: tuple[str, ...]) -> bool:
+    """Whether the real ``path`` of a folder lies in one of the real folders ``homes``."""
+    return any(path == home or path.startswith(home.rstrip(os.sep) + os.sep) for home in homes)
 
 
 def _a_store(folders: list[str]) -> bool:
