@@ -3,11 +3,13 @@ downloads checked against their digest — against S3 on loopback where it matte
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import re
 import shutil
+import tarfile
 import threading
 import time
 import uuid
@@ -1599,6 +1601,97 @@ def test_a_verify_that_would_quarantine_in_an_archive_says_it_is_only_read(
     assert list(found.unmoved) == [f"blobs/{digest[7:9]}/{digest[7:]}"]
     assert f"the store is in a {archive} archive" in next(iter(found.unmoved.values()))
     assert store.resolve("data/v1") == digest
+
+
+def _finishes(call: Any, fifos: list[Path]) -> Any:
+    """What ``call()`` answers or raises, within seconds: a reader waiting for a writer of
+    one of ``fifos`` for good is let go (a writer opened and closed) and the test fails."""
+    out: list[Any] = []
+
+    def run() -> None:
+        try:
+            out.append(call())
+        except Exception as why:
+            out.append(why)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    for fifo in fifos:
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    thread.join(10)
+    assert out, "it waited on a FIFO for good"
+    return out[0]
+
+
+@pytest.mark.parametrize("at", ["record", "blob", "name"])
+def test_a_fifo_in_a_store_opened_by_a_file_url_is_no_file_and_never_waited_on(
+    tmp_path: Path, at: str
+) -> None:
+    """A FIFO planted where a record, blob or name lies in a store opened at a `file://`
+    URL (a `store=` URL) was opened to be read, which waits for a writer for good: have,
+    recall and resolve hung. It is no file of the store, as a local store takes it: the
+    answer is a miss, the name bound to nothing."""
+    local = LocalStore(tmp_path / "store")
+    key = key_of("features")
+    answer = local.keep(key, b"features", "plain")
+    local.bind("data/v1", local.put(b"dataset"))
+    path = {
+        "record": local.answer_path(key),
+        "blob": local.blob_path(answer.value),
+        "name": tmp_path / "store" / "names" / "data" / "v1",
+    }[at]
+    path.unlink()
+    os.mkfifo(path)
+    store = Store(f"file://{tmp_path / 'store'}")
+    had = _finishes(lambda: store.have([key]), [path])
+    recalled = _finishes(lambda: bytes(store.recall(key)[1]), [path])
+    resolved = _finishes(lambda: store.resolve("data/v1"), [path])
+    if at == "name":
+        assert had == {key} and recalled == b"features" and isinstance(resolved, NameNotFound)
+    else:
+        assert isinstance(recalled, Missing) and resolved == local.resolve("data/v1")
+
+
+@pytest.mark.parametrize("member", ["fifo", "link"])
+def test_a_member_of_a_tar_store_that_is_no_regular_file_is_a_miss(
+    tmp_path: Path, member: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store packed by tar, where a blob or a name is a FIFO or a symlink to a file
+    outside the archive (tar keeps a link as a link): a forward failed with fsspec's
+    AttributeError ('NoneType' object has no attribute 'size') or KeyError (linkname not
+    found), resolve too, and `somatize store verify` printed a traceback. Such a member is
+    no file of the store, as in a local store: the answer is a miss (here a StoreError
+    saying the archive is only read), the name bound to nothing, and verify says so."""
+    largest = Largest().named("largest").frozen().cached()
+    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
+    root = tmp_path / "store"
+    local = LocalStore(root)
+    assert g.forward([1.0, 2.0], store=local) == 4.0
+    local.bind("data/v1", local.put(b"dataset"))
+    (key,) = [f"blake3:{p.name}" for p in (root / "answers").rglob("*") if p.is_file()]
+    odd = [local.blob_path(local.answer(key).value), root / "names" / "data" / "v1"]
+    packed = tmp_path / "packed.tar"
+    with tarfile.open(packed, "w") as tar:
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            name = f"store/{path.relative_to(root)}"
+            if path not in odd:
+                tar.add(path, name)
+                continue
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.FIFOTYPE if member == "fifo" else tarfile.SYMTYPE
+            info.linkname = str(path) if member == "link" else ""
+            tar.addfile(info)
+    url = f"tar://store::file://{packed}"
+    with pytest.raises(StoreError, match="the store is in a tar archive, which is only read"):
+        g.forward([1.0, 2.0], store=url)
+    with pytest.raises(Missing):
+        Store(url).recall(key)
+    with pytest.raises(NameNotFound):
+        Store(url).resolve("data/v1")
+    assert main(["store", "verify", "--store", url]) in (0, 1)
+    assert "Traceback" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("name", ["missing.zip", ""])

@@ -37,6 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar, cast
 
+from somatize.store._local_files import NotAFile, _open_regular, _read_file
 from somatize.store._packed import PackedHome, nbytes
 from somatize.store.base import BadAddress, Buffer, Missing, StoreError, check_digest
 
@@ -53,10 +54,11 @@ _DELETE_AT_ONCE = 1000
 _DELETE_AGAIN = {"InternalError", "SlowDown", "ServiceUnavailable", "RequestTimeout"}
 """Why S3 did not delete a key in a bulk delete, when asking again may do it."""
 
-_DEFINITE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)
-_ABSENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError)
+_DEFINITE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, NotAFile)
+_ABSENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError, NotAFile)
 """What reading a file that is not there raises: on a plain filesystem (``file://``) a
-folder of names, or a path under a name, is not a file either."""
+folder of names, or a path under a name, is not a file either, nor is what is no regular
+file there or in an archive (:func:`_cat_file`)."""
 _GLOB = set("*?[")
 """What fsspec takes a path holding for a pattern, where it expands paths (``rm``, ``cat``
 of a list): a store's prefix may hold them (``exp[lr=0.1]``); its names and digests never."""
@@ -103,7 +105,9 @@ def _transient(error: BaseException) -> bool:
 
 def _refused(error: BaseException) -> bool:
     """Whether ``error`` is a refusal of the request as it was made (:data:`_REFUSED`)."""
-    return isinstance(error, OSError) and error.errno in _REFUSED
+    return (
+        isinstance(error, OSError) and error.errno in _REFUSED and not isinstance(error, NotAFile)
+    )
 
 
 def _no_credentials(error: BaseException) -> bool:
@@ -140,6 +144,44 @@ def _under_copies(fs: Any) -> Any:
     while isinstance(fs, CachingFileSystem):
         fs = fs.fs
     return fs
+
+
+def _cat_file(fs: Any, path: str, **at_once: Any) -> bytes:
+    """The bytes of the file at ``path`` on ``fs`` (under its copies), read only where it is
+    a regular file: NotAFile otherwise, as a local store reads its files. On a plain
+    filesystem (``file://``) it is opened without waiting, where a FIFO planted there would
+    wait for a writer for good; a member of an archive that is no regular file (a FIFO, a
+    device, a link to what the archive does not hold, which tar keeps as a link) fails in
+    fsspec with what a file that cannot be read does not raise (AttributeError, KeyError,
+    ValueError)."""
+    from fsspec.archive import AbstractArchiveFileSystem
+    from fsspec.implementations.local import LocalFileSystem
+
+    if isinstance(fs, LocalFileSystem):
+        return _read_file(fs._strip_protocol(path), None)
+    try:
+        return cast(bytes, fs.cat_file(path, **at_once))
+    except (AttributeError, KeyError, ValueError) as why:
+        if not isinstance(fs, AbstractArchiveFileSystem):
+            raise
+        raise NotAFile(errno.EINVAL, f"no regular file of the archive ({why})", path) from why
+
+
+def _open_file(fs: Any, path: str) -> Any:
+    """The file at ``path`` on ``fs`` (under its copies) opened to be read, as
+    :func:`_cat_file` reads it: NotAFile where it is no regular file."""
+    from fsspec.archive import AbstractArchiveFileSystem
+    from fsspec.implementations.local import LocalFileSystem
+
+    if isinstance(fs, LocalFileSystem):
+        handle, _ = _open_regular(fs._strip_protocol(path))
+        return open(handle, "rb")
+    try:
+        return fs.open(path, "rb")
+    except (AttributeError, KeyError, ValueError) as why:
+        if not isinstance(fs, AbstractArchiveFileSystem):
+            raise
+        raise NotAFile(errno.EINVAL, f"no regular file of the archive ({why})", path) from why
 
 
 @functools.cache
@@ -443,7 +485,7 @@ class BucketRequests(PackedHome):
         fs = _under_copies(self.fs)
         at_once = {} if large else _in_one_request(fs.__class__)
         try:
-            return cast(bytes, self._call(f"reading {what}", fs.cat_file, path, **at_once))
+            return self._call(f"reading {what}", _cat_file, fs, path, **at_once)
         except _ABSENT:
             return None
 
@@ -518,7 +560,7 @@ class BucketRequests(PackedHome):
         out: dict[str, bytes | BaseException] = {}
         for path in paths:
             try:
-                out[path] = fs.cat_file(path, **at_once)
+                out[path] = _cat_file(fs, path, **at_once)
             except Exception as why:
                 out[path] = why
         return out

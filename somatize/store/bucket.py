@@ -52,7 +52,7 @@ from urllib.parse import urlsplit
 
 from somatize import canonical
 from somatize._numbers import finite
-from somatize.store._bucket_requests import BucketNotes, _under_copies
+from somatize.store._bucket_requests import _ABSENT, BucketNotes, _open_file, _under_copies
 from somatize.store._bucket_upkeep import BucketShelf, version_of
 from somatize.store._local_files import open_file
 from somatize.store._packed import digest_of, frozen, hash_bytes, nbytes, pieces_of
@@ -653,8 +653,8 @@ class BucketStore(BucketShelf):
             return self.cache.open_blob(digest)
         path = self._blob_path(digest)
         try:
-            handle = self._call(f"opening blob {digest}", _under_copies(self.fs).open, path, "rb")
-        except FileNotFoundError:
+            handle = self._call(f"opening blob {digest}", _open_file, _under_copies(self.fs), path)
+        except _ABSENT:
             raise self._not_kept(f"blob {digest} is not in {self.url}") from None
         return cast(io.BufferedIOBase, handle)
 
