@@ -28,7 +28,7 @@ import sysconfig
 import types
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -42,6 +42,9 @@ from somatize.canonical import NotCanonical
 from somatize.catalog import code_digest
 from somatize_torch._modes import outside_compiled
 from somatize_torch.digest import digest_tensor
+
+if TYPE_CHECKING:
+    from somatize_torch._state import Reads
 
 __all__ = [
     "SettingsWatch",
@@ -139,7 +142,12 @@ class SettingsWatch:
     What a module's own forward changes (a table a rotary embedding fills as it first
     runs, a count of its calls) is not a change of what it was asked to compute: whoever
     runs the module takes the watch again after each run — so a setting given from
-    another thread while the module runs may be taken for its own."""
+    another thread while the module runs may be taken for its own.
+
+    The modules of ``read``, which the module computes with beyond its own parts
+    (:func:`~somatize_torch._state.modules_read`: ``NORM = nn.LayerNorm(3)`` read by its
+    forward), are watched as its parts are, and their modes too (``NORM.train()``), which
+    are theirs to set, not held; and what leads to them (``NORMS[0] = other``)."""
 
     __slots__ = (
         "_arrays",
@@ -156,26 +164,40 @@ class SettingsWatch:
         "_lengths",
         "_made",
         "_marks",
+        "_modes",
         "_names",
         "_objects",
         "_own",
         "_owners",
+        "_read",
         "_sizes",
         "_slots",
         "_slotted",
         "_tables",
         "_tables_in",
         "_tensors",
+        "_training",
         "_values",
         "_versions",
         "_walked",
         "_written",
     )
+    _read: Reads
 
-    def __init__(self, module: nn.Module, before: SettingsWatch | None = None) -> None:
+    def __init__(
+        self, module: nn.Module, before: SettingsWatch | None = None, read: Reads | None = None
+    ) -> None:
         """``before``: the watch this one follows, whose look through the dicts the parts
-        and configs keep is taken again where a dict's version did not move since."""
-        modules = list(module.modules())
+        and configs keep is taken again where a dict's version did not move since, and
+        whose ``read`` is taken where none is given."""
+        if read is None:
+            from somatize_torch._state import NO_READS  # it imports this module
+
+            read = before._read if before is not None else NO_READS
+        self._read = read
+        self._modes = [part for one in read.found for part in one.module.modules()]
+        self._training = tuple(map(_TRAINING, self._modes))
+        modules = [*module.modules(), *self._modes]
         parts = [vars(part) for part in modules]
         # The plain objects the parts hold (a config), and those they hold in turn, in a
         # list, tuple, dict or set too: what each holds is watched as a part's own values
@@ -287,7 +309,12 @@ class SettingsWatch:
             or tuple(map(bytes, self._bytearrays)) != self._held_bytes
             or tuple(map(type, self._objects)) != self._kinds
             or not all(map(operator.is_, map(_dict_of, self._objects), self._own))
+            or (bool(self._modes) and tuple(map(_TRAINING, self._modes)) != self._training)
+            or self._read.moved()
         )
+
+
+_TRAINING = operator.attrgetter("training")
 
 
 def _dict_of(value: Any) -> dict[str, Any] | None:

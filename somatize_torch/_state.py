@@ -10,10 +10,12 @@ never the digest of a serialised file, since a serialiser may write equal tensor
 more than one way.
 
 A module whose code reads another module from a name of its module (``NORM =
-nn.LayerNorm(3)``, called by its forward: a :class:`Read`) computes with that module's
-weights as much as with its own, so they are digested with its state, under the name
-read (``cells:NORM.weight``), and watched with it: only where it has such, so the
-usual digest does not change.
+nn.LayerNorm(3)``, called by its forward: a :class:`Read`), or from a list or dict such
+a name holds, or that keeps a partial binding one, computes with that module's weights
+as much as with its own, so they are digested with its state, under the name read
+(``cells:NORM.weight``), and watched with it (:class:`Reads`: what leads to each, too):
+only where it has such, so the usual digest does not change. Its settings and modes are
+in the module's declaration (:mod:`somatize_torch.freeze`).
 
 Digesting reads every byte of the state. :class:`StateWatch` is what is asked at every
 forward instead: it looks only at what torch keeps beside each tensor, so the state
@@ -24,6 +26,7 @@ settles a frozen module at this digest, re-exports both.
 from __future__ import annotations
 
 import contextlib
+import functools
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -32,41 +35,153 @@ import torch
 from torch import nn
 
 from somatize.catalog import objects_read
+from somatize_torch._settings import _TORCH_OWN, _same_items
 from somatize_torch.digest import digest_named
 
-__all__ = ["Read", "StateWatch", "digest_state", "modules_read"]
+__all__ = ["NO_READS", "Read", "Reads", "StateWatch", "digest_state", "modules_read"]
 
 
 class Read(NamedTuple):
-    """A module that a module's code reads from a name of its module (``NORM =
-    nn.LayerNorm(3)``, called by its forward), found by
-    :func:`~somatize_torch.freeze.modules_read`: its weights are that module's state too."""
+    """A module that a module computes with beyond its own parts, found by
+    :func:`modules_read`: its weights are that module's state too, and its settings and
+    modes are in its declaration."""
 
-    space: dict[str, Any]
-    """The namespace it is read from."""
-    name: str
-    """The name it is read as."""
+    label: str
+    """Where it is read: ``module:name`` for a name of a module (``cells:NORM``), with
+    where in the list, tuple or dict that name holds (``cells:NORMS[0]``); for one a
+    partial a part keeps binds, the part's attribute and where in the partial
+    (``f.args[0]``)."""
     module: nn.Module
-    """What the name held when it was found."""
-
-    @property
-    def label(self) -> str:
-        """``module:name``."""
-        return f"{self.space.get('__name__', '')}:{self.name}"
 
 
-def modules_read(module: nn.Module, classes: Iterable[type]) -> tuple[Read, ...]:
-    """Each module that the code of ``classes`` (``module``'s: its own and its parts') reads
-    from a name of its module, or of a helper it calls, and that no watch of that code looks
-    into (:func:`~somatize.catalog.objects_read`: one of torch's own classes, or another
-    package's, named by the text that makes it) — not one of ``module``'s own parts."""
+class Reads:
+    """The modules :func:`modules_read` found (``found``), and what leads to each, to be
+    asked cheaply whether that moved since (:meth:`moved`): each name, or attribute of a
+    part, that holds one or a container of them, by what it holds; each list or dict on
+    the way (an empty one a name holds too), by its items, and each partial by its
+    function, arguments and keywords — so that a module replaced, added or taken out
+    (``NORMS[0] = other``, ``NORMS.append(...)``) is seen."""
+
+    __slots__ = ("_contents", "_held", "_names", "_owners", "_values", "found")
+
+    def __init__(self) -> None:
+        self.found: tuple[Read, ...] = ()
+        self._owners: list[dict[str, Any]] = []
+        self._names: list[str] = []
+        self._values: list[Any] = []
+        self._held: list[Any] = []
+        self._contents: list[tuple[Any, ...]] = []
+
+    def moved(self) -> bool:
+        """Whether a name or attribute, a container or a partial leading to a module found
+        holds something else now."""
+        if not self._owners:
+            return False
+        return not all(
+            map(operator.is_, map(dict.get, self._owners, self._names), self._values)
+        ) or not all(map(_same_items, map(_items_of, self._held), self._contents))
+
+
+NO_READS = Reads()
+"""What a module reading no module beyond its own parts reads."""
+
+_DEPTH = 3
+"""How deeply a list, tuple, dict or partial is followed to the modules it holds."""
+
+
+def _items_of(held: Any) -> tuple[Any, ...]:
+    """What a watch of :class:`Reads` compares of a container by identity."""
+    if isinstance(held, functools.partial):
+        return (held.func, held.args, held.keywords)
+    if isinstance(held, dict):
+        return (*held, *held.values())
+    return tuple(held)
+
+
+def _reached(
+    value: Any, label: str, through: bool, found: list[Read], held: list[Any], depth: int
+) -> bool:
+    """Puts in ``found`` each module ``value`` is or holds (in a list, tuple or dict,
+    ``depth`` deep, or bound by a partial) — where ``through``: else only those a partial
+    binds — and in ``held`` each list, dict and partial on the way to one (an empty one
+    where ``through``: what it comes to hold is read); whether any was."""
+    if isinstance(value, nn.Module):
+        if through:
+            found.append(Read(label, value))
+        return through
+    kind = type(value)
+    items: Iterable[tuple[Any, Any]]
+    if depth == 0:
+        return False
+    if isinstance(value, functools.partial):
+        kind, through = functools.partial, True
+        items = [(("args", at), one) for at, one in enumerate(value.args)]
+        items += [(("keywords", key), one) for key, one in value.keywords.items()]
+    elif kind is list or kind is tuple:
+        items = enumerate(value)
+    elif kind is dict:
+        items = value.items()
+    else:
+        return False
+    reaches, empty = False, True
+    for at, (key, one) in enumerate(items):
+        empty = False
+        if type(one) not in _PLAIN:  # a table of plain values leads to no module
+            where = label + _step(kind, at, key)
+            reaches = _reached(one, where, through, found, held, depth - 1) or reaches
+    if (reaches or (through and empty)) and kind is not tuple:
+        held.append(value)
+    return reaches
+
+
+def _step(kind: type, at: int, key: Any) -> str:
+    """How the item ``at`` of a container of ``kind`` under ``key`` is named in a label."""
+    if kind is functools.partial:
+        return f".{key[0]}[{key[1]!r}]"
+    if kind is dict:
+        return f"[{key!r}]" if type(key) in (str, int) else f"[#{at}]"
+    return f"[{key}]"
+
+
+_PLAIN = frozenset({str, bytes, int, float, bool, complex, type(None)})
+
+
+def modules_read(module: nn.Module, classes: Iterable[type]) -> Reads:
+    """Each module that ``module`` computes with and that is none of its own parts: one
+    that the code of ``classes`` (``module``'s: its own and its parts') reads from a name
+    of its module, or of a helper it calls, that no watch of that code looks into
+    (:func:`~somatize.catalog.objects_read`: one of torch's own classes, or another
+    package's, named by the text that makes it), or from a list, tuple or dict such a name
+    holds (``NORMS = [nn.LayerNorm(3)]``, nested a little); and one that a
+    ``functools.partial`` a part keeps binds (``self.f = functools.partial(apply,
+    nn.Linear(3, 3))``), or a list, tuple or dict it binds holds."""
     own = {id(part) for part in module.modules()}
-    found = []
+    reads = Reads()
+    found: list[Read] = []
+
+    def look(space: dict[str, Any], name: str, label: str, through: bool) -> None:
+        value = space.get(name)
+        held = len(reads._held)
+        # A container that leads to no module yet (`NORMS = []`) is watched by what the name
+        # holds too.
+        if _reached(value, label, through, found, reads._held, _DEPTH) or len(reads._held) > held:
+            reads._owners.append(space)
+            reads._names.append(name)
+            reads._values.append(value)
+
     for space, name in objects_read(*classes):
-        held = space.get(name)
-        if isinstance(held, nn.Module) and id(held) not in own:
-            found.append(Read(space, name, held))
-    return tuple(found)
+        look(space, name, f"{space.get('__name__', '')}:{name}", True)
+    for prefix, part in module.named_modules():
+        table = vars(part)
+        for name in [name for name in table if name not in _TORCH_OWN]:
+            look(table, name, f"{prefix}.{name}" if prefix else name, False)
+    seen: set[int] = set()
+    for one in found:
+        if id(one.module) not in own and id(one.module) not in seen:
+            seen.add(id(one.module))
+            reads.found += (one,)
+    reads._contents = list(map(_items_of, reads._held))
+    return reads
 
 
 def _state_tensors(module: nn.Module, read: Sequence[Read] = ()) -> dict[str, torch.Tensor]:
@@ -75,9 +190,9 @@ def _state_tensors(module: nn.Module, read: Sequence[Read] = ()) -> dict[str, to
     tensors: dict[str, torch.Tensor] = dict(module.named_parameters())
     for name, buffer in module.named_buffers():
         tensors[name] = buffer
-    for held in read:
-        for name, tensor in _state_tensors(held.module).items():
-            tensors[f"{held.label}.{name}"] = tensor
+    for one in read:
+        for name, tensor in _state_tensors(one.module).items():
+            tensors[f"{one.label}.{name}"] = tensor
     return tensors
 
 
@@ -105,8 +220,8 @@ class StateWatch:
     version counter while no gradient is left behind — into ``p.data``, or a fused
     optimizer whose gradients were dropped after its step — is not seen here; only
     digesting the state again sees it. Each module of ``read`` is watched as a part of
-    the module is, and each name it is read as by what it holds (``NORM =
-    nn.LayerNorm(3)`` run again holds another)."""
+    the module is, and what leads to it (:meth:`Reads.moved`: ``NORM = nn.LayerNorm(3)``
+    run again holds another, ``NORMS[0] = other``)."""
 
     __slots__ = (
         "_doubted",
@@ -116,7 +231,7 @@ class StateWatch:
         "_names",
         "_owners",
         "_params",
-        "_reads",
+        "_read",
         "_requires",
         "_sizes",
         "_tables",
@@ -126,12 +241,12 @@ class StateWatch:
         "_where",
     )
 
-    def __init__(self, module: nn.Module, read: Sequence[Read] = ()) -> None:
+    def __init__(self, module: nn.Module, read: Reads = NO_READS) -> None:
         tables: list[dict[str, Any]] = []
-        owners: list[dict[str, Any]] = [held.space for held in read]
-        names: list[str] = [held.name for held in read]
-        values: list[Any] = [held.module for held in read]
-        parts = [*module.modules(), *(part for held in read for part in held.module.modules())]
+        owners: list[dict[str, Any]] = []
+        names: list[str] = []
+        values: list[Any] = []
+        parts = [*module.modules(), *(part for one in read.found for part in one.module.modules())]
         for part in parts:
             for table in (part._parameters, part._buffers, part._modules):
                 tables.append(table)
@@ -139,7 +254,7 @@ class StateWatch:
                     owners.append(table)
                     names.append(name)
                     values.append(value)
-        self._reads = len(read)
+        self._read = read
         self._tables = tables
         self._sizes = tuple(map(len, tables))
         self._owners = owners
@@ -164,6 +279,7 @@ class StateWatch:
             or tuple(map(_VERSION, self._tensors)) != self._versions
             or not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
             or tuple(map(len, self._tables)) != self._sizes  # a part added (`enc.append(act)`)
+            or self._read.moved()
             or tuple(map(_REQUIRES, self._params)) != self._requires
             or not all(map(operator.is_, map(_GRADIENT, self._params), self._gradients))
             or (
@@ -194,9 +310,7 @@ class StateWatch:
         state = {name: getattr(self, name) for name in self.__slots__ if name != "_memory"}
         state["_doubted"] = True
         # Nor the namespaces modules are read from: they hold modules, which do not copy.
-        read = self._reads
-        state["_owners"], state["_names"] = self._owners[read:], self._names[read:]
-        state["_values"], state["_reads"] = self._values[read:], 0
+        state["_read"] = NO_READS
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

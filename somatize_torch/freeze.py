@@ -630,6 +630,9 @@ class ModuleNode(Node):
         hooks = hooks_of(self.module)
         if hooks:  # only then, so a module without hooks keeps the key it had
             declared["hooks"] = hooks
+        read = modules_read(self.module, classes_of(self.module)).found
+        if read:  # only then, so the usual key does not change
+            declared["read"] = {one.label: _declared_read(one.module) for one in read}
         if self._keys_precision:
             precision = _precision_of(self.module)
             if precision != self._precision_at:
@@ -666,7 +669,8 @@ class ModuleNode(Node):
         watch = self._settings
         if watch is not None and not watch.changed():
             return False
-        self._settings = SettingsWatch(self.module, watch)
+        read = modules_read(self.module, classes_of(self.module))
+        self._settings = SettingsWatch(self.module, watch, read)
         return True
 
     def ran(self) -> None:
@@ -737,6 +741,21 @@ class ModuleNode(Node):
         return f"<ModuleNode {type(self.module).__qualname__}{f' {name!r}' if name else ''}>"
 
 
+def _declared_read(module: nn.Module) -> dict[str, Any]:
+    """What a module's declaration names of a module it computes with beyond its own
+    parts (:func:`~somatize_torch._state.modules_read`), whose modes are not held as its
+    parts' are: its structure, settings, forward hooks and the mode of each of its parts."""
+    declared = {
+        "module": repr(module),
+        "settings": settings_of(module),
+        "training": [part.training for part in module.modules()],
+    }
+    hooks = {name: found for name, found in hooks_of(module).items() if name != "*"}
+    if hooks:
+        declared["hooks"] = hooks
+    return declared
+
+
 def restated(
     name: str, module: nn.Module, watch: StateWatch | None
 ) -> tuple[str | None, StateWatch | None]:
@@ -768,7 +787,7 @@ def watched_state(module: nn.Module) -> tuple[str, StateWatch]:
     forward), whose weights changed in place, or the name rebound, key its answers anew."""
     read = modules_read(module, classes_of(module))
     watch = StateWatch(module, read)
-    return digest_state(module, read), watch
+    return digest_state(module, read.found), watch
 
 
 _WATCH = "_somatize_watch"

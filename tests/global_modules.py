@@ -1,20 +1,30 @@
 """A notebook cell whose module's forward calls a module of torch's own classes held in a
-global of the cell (``NORM = nn.LayerNorm(3)``), for the tests of what keys that module's
-weights: those of a per-row cache, of a module node in a graph and of a wrapped model."""
+global of the cell (``NORM = nn.LayerNorm(3)``), or in a list or dict a global holds, or
+that a partial the module keeps binds, for the tests of what keys such a module's weights,
+settings and mode: those of a per-row cache, of a module node in a graph and of a wrapped
+model."""
 
 from __future__ import annotations
 
 import sys
 import types
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
+from torch import nn
 
 NORMED_CELL = """
+import functools
+
 from torch import nn
 
 NORM = nn.LayerNorm(3)
+DROP = nn.Dropout(1.0).eval()  # in train mode, it answers zeros: drawing nothing
+NORMS = [nn.LayerNorm(3)]
+BY_NAME = {"norm": nn.LayerNorm(3)}
+LAZY = nn.LazyLinear(3)
 
 
 class Normed(nn.Module):
@@ -27,13 +37,46 @@ class Normed(nn.Module):
 
 
 class HeadOnNormed(nn.Module):
-    def __init__(self):
+    def __init__(self, encoder=None):
         super().__init__()
-        self.encoder = Normed()
+        self.encoder = Normed() if encoder is None else encoder
         self.head = nn.Linear(3, 2)
 
     def forward(self, x):
         return self.head(self.encoder(x))
+
+
+class Dropped(Normed):
+    def forward(self, x):
+        return DROP(self.linear(x))
+
+
+class ListNormed(Normed):
+    def forward(self, x):
+        x = self.linear(x)
+        for norm in NORMS:
+            x = norm(x)
+        return BY_NAME["norm"](x)
+
+
+class Lazy(Normed):
+    def forward(self, x):
+        return LAZY(self.linear(x))
+
+
+def applied(parts, x):
+    for part in parts:
+        x = part(x)
+    return x
+
+
+class Bound(Normed):
+    def __init__(self, parts):
+        super().__init__()
+        self.then = functools.partial(applied, parts)
+
+    def forward(self, x):
+        return self.then(self.linear(x))
 """
 
 
@@ -50,3 +93,34 @@ def scaled(norm: torch.nn.Module, by: float) -> None:
     """Scales ``norm``'s weight in place, as a hand or an optimizer would."""
     with torch.no_grad():
         norm.weight.mul_(by)
+
+
+def _bound(cell: Any) -> nn.Module:
+    return cell.Bound(nn.ModuleList([nn.Linear(3, 3)]))
+
+
+CHANGES: dict[str, tuple[Callable[[Any], nn.Module], Callable[[Any, nn.Module], object]]] = {
+    "setting": (lambda cell: cell.Normed(), lambda cell, _: setattr(cell.NORM, "eps", 1.0)),
+    "mode": (lambda cell: cell.Dropped(), lambda cell, _: cell.DROP.train()),
+    "in a list": (lambda cell: cell.ListNormed(), lambda cell, _: scaled(cell.NORMS[0], 2.0)),
+    "replaced in a list": (
+        lambda cell: cell.ListNormed(),
+        lambda cell, _: cell.NORMS.__setitem__(0, nn.LayerNorm(3, eps=1.0)),
+    ),
+    "added to a list": (
+        lambda cell: cell.ListNormed(),
+        lambda cell, _: cell.NORMS.append(nn.Tanh()),
+    ),
+    "in a dict": (
+        lambda cell: cell.ListNormed(),
+        lambda cell, _: scaled(cell.BY_NAME["norm"], 2.0),
+    ),
+    "bound by a partial": (_bound, lambda _, module: scaled(module.then.args[0][0], 2.0)),
+    "replaced in what a partial binds": (
+        _bound,
+        lambda _, module: module.then.args[0].__setitem__(0, nn.Linear(3, 3)),
+    ),
+}
+"""Each way a module the module computes with beyond its own parts changes what it
+answers: how the module is made from the cell, and what is changed after its answers were
+kept."""

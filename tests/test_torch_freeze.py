@@ -30,7 +30,7 @@ import somatize.torch as smt
 from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store, engine, plan
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
-from tests.global_modules import normed_cell, scaled
+from tests.global_modules import CHANGES, normed_cell, scaled
 
 
 class Encoder(nn.Module):
@@ -258,6 +258,30 @@ def test_a_torch_module_in_a_global_the_forward_calls_is_keyed_as_the_node_s_sta
         scaled(cell.NORM, 0.5)
         assert torch.equal(g.forward(x, store=store), first)
         assert g.record.outcome == {"normed": "recalled"}
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_torch_module_the_node_s_module_computes_with_but_does_not_hold_keys_the_node(
+    store: Store, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A frozen module node whose module computes with a module of torch's own classes it
+    does not hold — in a global its forward calls, in a list or dict such a global holds,
+    or bound by a partial it keeps — is keyed by that module's settings and mode
+    (``NORM.eps = 1.0``, ``DROP.train()``) and weights, and by the modules such a
+    container holds: changed, the node runs again, its answer not recalled."""
+    cell = normed_cell(monkeypatch, "tests.freeze_held_cell")
+    make, changed = CHANGES[change]
+    module = make(cell)
+    g = Graph.somatize(smt.ModuleNode(module).named("held").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(5, 6))
+    with torch.no_grad():
+        first = g.forward(x, store=store)
+        changed(cell, module)
+        again = g.forward(x, store=store)
+        assert g.record is not None and g.record.outcome == {"held": "ran"}
+        assert torch.equal(again, module(x.value))
+        assert not torch.equal(again, first)
 
 
 def test_a_module_node_whose_module_calls_a_torch_module_in_a_global_is_copied(

@@ -42,7 +42,7 @@ from somatize_torch.rows import (
     prefill,
 )
 from somatize_torch.wrap import CachedInputNeedsGrad
-from tests.global_modules import normed_cell, scaled
+from tests.global_modules import CHANGES, normed_cell, scaled
 
 
 def encoder(seed: int = 0) -> nn.Module:
@@ -2996,6 +2996,29 @@ def test_a_torch_module_in_a_global_made_again_with_other_weights_keys_rows_anew
     first = cached(x)
     exec("NORM = nn.LayerNorm(3)\nNORM.weight.data.fill_(2.0)", vars(cell))
     assert torch.allclose(cached(x), first * 2.0)
+    assert cached.stats.computed == 10
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_torch_module_the_module_computes_with_but_does_not_hold_keys_rows_as_it_changes(
+    store: Store, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A module of torch's own classes the module computes with but does not hold — in a
+    global its forward calls, in a list or dict such a global holds, or bound by a partial
+    the module keeps — keys the rows by its settings and mode (``NORM.eps = 1.0``,
+    ``DROP.train()``) and its weights, and the container by the modules it holds (one
+    replaced, one added): changed, the rows are computed anew with it, not the rows kept
+    before recalled."""
+    cell = normed_cell(monkeypatch, "tests.rows_held_cell")
+    make, changed = CHANGES[change]
+    cached = cache_rows(make(cell), store=store)
+    x = torch.randn(5, 6)
+    first = cached(x)
+    changed(cell, cached.module)
+    again = cached(x)
+    with torch.no_grad():
+        assert torch.equal(again, cached.module(x))
+    assert not torch.equal(again, first)
     assert cached.stats.computed == 10
 
 

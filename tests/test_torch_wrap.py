@@ -50,7 +50,7 @@ from somatize_torch import _cached
 from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
-from tests.global_modules import normed_cell, scaled
+from tests.global_modules import CHANGES, normed_cell, scaled
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -9325,6 +9325,29 @@ def test_a_torch_module_in_a_global_the_cached_part_calls_keys_its_answers(
         scaled(cell.NORM, 0.5)
         assert torch.equal(wrapped(x), first)
         assert wrapped.graph.record.outcome["encoder"] == "recalled"
+
+
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_torch_module_the_cached_part_computes_with_but_does_not_hold_keys_its_answers(
+    store: Store, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A module of torch's own classes the cached part computes with but does not hold — in a
+    global its forward calls, in a list or dict such a global holds, or bound by a partial
+    the part keeps — keys its answers by its settings and mode (``NORM.eps = 1.0``,
+    ``DROP.train()``) and its weights, and the container by the modules it holds: changed,
+    the wrapped model answers what the model does, the part run again."""
+    cell = normed_cell(monkeypatch, "tests.wrap_held_cell")
+    make, changed = CHANGES[change]
+    model = cell.HeadOnNormed(make(cell))
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        first = wrapped(x)
+        changed(cell, model.encoder)
+        assert torch.equal(wrapped(x), model(x))
+        assert wrapped.graph.record is not None
+        assert wrapped.graph.record.outcome["encoder"] == "ran"
+        assert not torch.equal(model(x), first)
 
 
 class Noisy(nn.Module):
