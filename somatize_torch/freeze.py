@@ -784,8 +784,12 @@ def watched_state(module: nn.Module) -> tuple[str, StateWatch]:
     here (taken first: a change as the digest reads it is seen next): its weights and
     buffers, and those of each module its code reads from a name of its module
     (:func:`~somatize_torch._state.modules_read`: ``NORM = nn.LayerNorm(3)`` called by its
-    forward), whose weights changed in place, or the name rebound, key its answers anew."""
+    forward), whose weights changed in place, or the name rebound, key its answers anew.
+    Such a module whose state cannot be seen is refused as one of its parts would be
+    (:func:`refuse_unseen_state`)."""
     read = modules_read(module, classes_of(module))
+    for one in read.found:
+        refuse_unseen_state(one.label, one.module)
     watch = StateWatch(module, read)
     return digest_state(module, read.found), watch
 

@@ -284,6 +284,18 @@ def test_a_torch_module_the_node_s_module_computes_with_but_does_not_hold_keys_t
         assert not torch.equal(again, first)
 
 
+def test_a_lazy_torch_module_in_a_global_the_node_s_module_calls_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Freezing a module node whose module's forward calls a lazy module held in a global,
+    not called yet, is refused as one of its parts would be, naming the global: there are
+    no weights to key its answers by (torch's ValueError came instead)."""
+    cell = normed_cell(monkeypatch, "tests.freeze_held_cell")
+    g = Graph.somatize(smt.ModuleNode(cell.Lazy()).named("lazy").frozen().cached())
+    with pytest.raises(smt.FreezeError, match=r"`tests.freeze_held_cell:LAZY` holds .* not made"):
+        smt.freeze(g)
+
+
 def test_a_module_node_whose_module_calls_a_torch_module_in_a_global_is_copied(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -3022,6 +3022,25 @@ def test_a_torch_module_the_module_computes_with_but_does_not_hold_keys_rows_as_
     assert cached.stats.computed == 10
 
 
+def test_a_lazy_or_inference_mode_torch_module_in_a_global_is_refused(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module in a global the forward calls whose state no watch can see, as one of the
+    module's parts would be refused: lazy and not called yet (no weights to key rows by),
+    or made under ``torch.inference_mode()`` (no version counter to see a change by) — a
+    FreezeError naming the global, where a ValueError or RuntimeError of torch's came."""
+    cell = normed_cell(monkeypatch, "tests.rows_held_cell")
+    with pytest.raises(FreezeError, match=r"`tests.rows_held_cell:LAZY` holds .* not made yet"):
+        cache_rows(cell.Lazy(), store=store)
+    with torch.inference_mode():
+        cell.NORM = nn.LayerNorm(3)
+    with pytest.raises(
+        FreezeError,
+        match=r"`tests.rows_held_cell:NORM` holds tensors made under `torch.inference_mode",
+    ):
+        cache_rows(cell.Normed(), store=store)
+
+
 class CountedOnItsClass(OnALinear):
     """Counts its calls on its class."""
 
