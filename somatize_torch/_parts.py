@@ -259,8 +259,13 @@ def _note_table(
 ) -> None:
     """Notes which of ``owner``'s registries ``table`` is: a module may make one anew (a
     ``ModuleList`` does as a child is removed), and the entries noted in the old one would
-    then say nothing of what it holds."""
-    held = owner.__dict__
+    then say nothing of what it holds. A row cache's registries are its module's (it
+    stands in its place), made anew by the module, and noted there: the cache's own
+    attributes (its locks, its memory tiers) are no part of the model's code, and a copy
+    of the model copies the cache as a cache, not them."""
+    from somatize_torch.rows import CachedRows  # rows builds on wrap, which on this
+
+    held = (owner.module if isinstance(owner, CachedRows) else owner).__dict__
     for name in ("_parameters", "_buffers", "_modules"):
         if held.get(name) is table:
             seen[(id(held), name)] = (held, table)

@@ -134,8 +134,13 @@ class _Tracer(fx.Tracer):
         return super().iter(obj)
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        return module_qualified_name in self.leaves or super().is_leaf_module(
-            m, module_qualified_name
+        from somatize_torch.rows import CachedRows  # rows builds on wrap, which on this
+
+        # A row cache is called, not traced into: it looks its rows up in its batch.
+        return (
+            module_qualified_name in self.leaves
+            or isinstance(m, CachedRows)
+            or super().is_leaf_module(m, module_qualified_name)
         )
 
     def call_module(

@@ -990,8 +990,13 @@ def keyed_with(module: nn.Module) -> tuple[Any, ...]:
     __init__(s): s.encoder = sub``), or one that holds it in a list, tuple or dict (or a
     ``ModuleList`` the model does not hold: ``parts[0](x)``), reaches that very object,
     watched by identity (:func:`~somatize.catalog.watch_code`), so freezing it is no change
-    of that code."""
-    return (*module.modules(), *module.parameters(), *module.buffers())
+    of that code. A row cache among them holds its module's parts, not the module itself
+    (it stands in its place), which is one of these too."""
+    from somatize_torch.rows import CachedRows  # rows builds on this module
+
+    parts = list(module.modules())
+    parts += [part.module for part in parts if isinstance(part, CachedRows)]
+    return (*parts, *module.parameters(), *module.buffers())
 
 
 def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:

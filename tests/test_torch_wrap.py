@@ -18,6 +18,7 @@ import logging
 import math
 import operator
 import os
+import pickle
 import pstats
 import random
 import re
@@ -552,6 +553,59 @@ def test_a_forward_asking_torch_is_tensor_of_what_fx_stands_in_for_is_refused(
         assert torch.equal(wrapped(x, 2.0), model(x, 2.0))
         with pytest.raises(smt.Untraceable, match=r"torch\.is_tensor\(mask\).*no tensor"):
             wrapped(x, torch.full((3, 4), 2.0))
+
+
+shared_encoder = Encoder().eval()
+"""An encoder held in a global of the name the model holds its row cache under, as a
+script or notebook names both alike (only :class:`CachesRows` uses it)."""
+
+
+class CachesRows(nn.Module):
+    """Caches its encoder per row itself, beside a tower left to ``wrap`` to declare."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.shared_encoder = smt.cache_rows(shared_encoder, store)
+        self.tower = nn.Linear(4, 5)
+        self.head = nn.Linear(10, 2)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.shared_encoder(x), self.tower(t)], 1))
+
+
+def test_a_model_caching_a_part_per_row_is_wrapped_around_the_cache(store: Store) -> None:
+    """A row cache in the model's own code is called as the module it stands for, not
+    traced into (which was refused as fx handing it no batch tensor): the wrapped model
+    answers and trains the head as the plain model does, sees the encoder's weights
+    changed, ``train()`` is no change of its code, and it copies and pickles."""
+    torch.manual_seed(0)
+    model = CachesRows(store)
+    plain = copy.deepcopy(model)
+    plain.shared_encoder = plain.shared_encoder.module
+    wrapped = smt.wrap(model, frozen=["tower"], cached=["tower"], store=store)
+    smt.freeze(wrapped)
+    x, t = torch.randn(8, 6), torch.randn(8, 4)
+    for _ in range(2):
+        wrapped.train()
+        plain.train()
+        plain.shared_encoder.eval()
+        out, expected = wrapped(x, t), plain(x, t)
+        assert torch.allclose(out, expected, atol=1e-6)
+        out.sum().backward()
+        expected.sum().backward()
+        assert model.head.weight.grad is not None and plain.head.weight.grad is not None
+        assert torch.allclose(model.head.weight.grad, plain.head.weight.grad, atol=1e-6)
+        model.head.zero_grad()
+        plain.head.zero_grad()
+    assert not shared_encoder.training
+    assert model.shared_encoder.stats.recalled == 8
+    with torch.no_grad():
+        shared_encoder.linear.weight.add_(1.0)
+        plain.shared_encoder.linear.weight.add_(1.0)
+        expected = plain(x, t)
+        assert torch.allclose(wrapped(x, t), expected, atol=1e-6)
+        for again in (copy.deepcopy(wrapped), pickle.loads(pickle.dumps(wrapped))):
+            assert torch.allclose(again(x, t), expected, atol=1e-6)
 
 
 def test_wrapping_a_single_module_needs_no_tracing(store: Store) -> None:
