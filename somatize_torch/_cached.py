@@ -46,7 +46,12 @@ from somatize import CODECS, Graph, Opaque, canonical
 from somatize.codecs import CodecError
 from somatize.engine import Record
 from somatize.plan import declared_again
-from somatize_torch._errors import CachedInputNeedsGrad, WrapError, in_a_transform
+from somatize_torch._errors import (
+    CachedInputNeedsGrad,
+    WrapError,
+    in_a_transform,
+    transforming,
+)
 from somatize_torch._modes import marked_as_needed, outside_compiled
 from somatize_torch._precision import precision_on
 from somatize_torch._settings import _TORCH_OWN, _held_by, _slots_of
@@ -405,7 +410,7 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
                 "tensors it is handed, so its arguments must be tensors (or None). Make the "
                 "value a constant of the model, or drop the submodule from `cached=`"
             )
-        if torch._C._functorch.is_functorch_wrapped_tensor(value):
+        if transforming(value):
             raise in_a_transform(
                 f"`{name}` is cached and", f"argument {index}", "drop it from `cached=`"
             )

@@ -14,6 +14,8 @@ the parts watcher) raise them without importing the wrapper that imports them::
 
 from __future__ import annotations
 
+import torch
+
 from somatize.errors import SomatizeError
 
 __all__ = [
@@ -64,11 +66,23 @@ class CachedInputNeedsGrad(SomatizeError, ValueError):
 
 def in_a_transform(called: str, handed: str, instead: str) -> TypeError:
     """The refusal of a cached call made inside a ``torch.func`` transform (``vmap``,
-    ``grad``), which hands the module tensors of its own: they have no memory to key them
-    by, and a recalled answer would take no part in the transform."""
+    ``grad``), which makes the tensors the module computes with its own: they have no
+    memory to key them by, and a recalled answer would take no part in the transform."""
     return TypeError(
         f"{called} is called inside a `torch.func` transform (`vmap`, `grad`, `jacrev`), "
-        f"which hands it {handed} as a tensor of its own, with no memory to key it by: a "
-        "recalled answer would take no part in the transform either. Call it outside the "
-        f"transform (encode first, then transform what reads the encoding), or {instead}"
+        f"which makes {handed} a tensor of its own (one made outside it too, and the "
+        "module's weights where `functional_call` hands it the transform's), with no memory "
+        "to key it by: a recalled answer would take no part in the transform either. Call "
+        "it outside the transform (encode first, then transform what reads the encoding), "
+        f"or {instead}"
+    )
+
+
+def transforming(value: torch.Tensor) -> bool:
+    """Whether a call handed ``value`` is made inside a ``torch.func`` transform: ``value``
+    is a tensor of one, or one is running, which makes each tensor read under it its own
+    (``x.detach()`` of one made outside it, the weights ``functional_call`` hands in)."""
+    functorch = torch._C._functorch
+    return functorch.maybe_current_level() is not None or bool(
+        functorch.is_functorch_wrapped_tensor(value)
     )

@@ -1688,6 +1688,42 @@ def test_rows_cached_inside_vmap_are_refused_saying_so(store: Store) -> None:
         assert torch.equal(cached(x[0]), cached(x[0]))
 
 
+@pytest.mark.parametrize("key", ["content", "index"])
+@pytest.mark.parametrize("transformed", ["a batch made outside", "its weights"])
+def test_rows_cached_inside_grad_are_refused_saying_so(
+    store: Store, key: str, transformed: str
+) -> None:
+    """Inside `torch.func.grad` a batch made outside the transform is made its own as soon as
+    it is read, and `functional_call` hands the module weights of its own: either call is
+    refused, saying what to do, as a call handed the transform's batch is (it failed with
+    torch's own RuntimeError: no data pointer to name a row by, or `requires_grad_` on
+    weights of the transform's)."""
+    torch.manual_seed(0)
+    module = nn.Linear(3, 3)
+    options: dict[str, Any] = {} if key == "content" else {"key": "index", "version": "v1"}
+    cached = cache_rows(module, store, **options)
+    head = nn.Linear(3, 1)
+    x = torch.randn(4, 3)
+    more = {} if key == "content" else {"index": torch.arange(4)}
+    cached(x, **more)
+    if transformed == "its weights":
+        weights = {name: p.detach().clone() for name, p in module.named_parameters()}
+
+        def loss(p: dict[str, torch.Tensor]) -> torch.Tensor:
+            return torch.func.functional_call(cached, p, (x,), more).sum()
+    else:
+        weights = {name: p.detach().clone() for name, p in head.named_parameters()}
+
+        def loss(p: dict[str, torch.Tensor]) -> torch.Tensor:
+            return torch.func.functional_call(head, p, (cached(x, **more),)).sum()
+
+    with pytest.raises(TypeError, match=r"inside a `torch\.func` transform.*outside the transform"):
+        torch.func.grad(loss)(weights)
+    with torch.no_grad():
+        assert torch.equal(cached(x, **more), module(x))
+    cached.close()
+
+
 class AsDtype(nn.Module):
     def __init__(self, dtype: torch.dtype) -> None:
         super().__init__()

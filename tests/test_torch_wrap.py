@@ -1505,8 +1505,12 @@ def test_a_frozen_parameter_handed_to_a_cached_module_is_keyed_by_its_values(
     [
         lambda wrapped, x: torch.func.vmap(wrapped)(x),
         lambda wrapped, x: torch.func.grad(lambda x: wrapped(x).sum())(x),
+        lambda wrapped, x: torch.func.grad(lambda s: (s * wrapped(x)).sum())(torch.ones(())),
+        lambda wrapped, x: torch.func.grad(
+            lambda p: torch.func.functional_call(wrapped, p, (x,)).sum()
+        )({name: p.detach().clone() for name, p in wrapped.named_parameters()}),
     ],
-    ids=["vmap", "grad"],
+    ids=["vmap", "grad", "grad of a batch made outside", "grad of its weights"],
 )
 def test_a_cached_module_called_inside_a_torch_func_transform_is_refused(
     store: Store, transformed: Callable[[nn.Module, torch.Tensor], torch.Tensor]
