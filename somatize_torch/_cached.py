@@ -49,6 +49,7 @@ from somatize.plan import declared_again
 from somatize_torch._errors import (
     CachedInputNeedsGrad,
     WrapError,
+    gradient_cut,
     in_a_transform,
     transforming,
 )
@@ -430,12 +431,13 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
                 "tensors it is handed, and a meta tensor holds none. Work out shapes with "
                 "the model unwrapped, or drop the submodule from `cached=`"
             )
-        if value.requires_grad and torch.is_grad_enabled():
+        cut = gradient_cut(value)
+        if cut:
             raise CachedInputNeedsGrad(
-                f"`{name}` is cached and argument {index} it is handed requires grad: a "
-                "recalled answer is a leaf, so whatever produced that argument would train "
-                "when the answer is computed and silently stop when it is recalled. Freeze "
-                "what feeds it, or drop it from `cached=`"
+                f"`{name}` is cached and argument {index} it is handed {cut}: a recalled "
+                "answer is a leaf, so whatever produced that argument would train when the "
+                "answer is computed and silently stop when it is recalled. Freeze what feeds "
+                "it, or drop it from `cached=`"
             )
         if not plain(value):
             raise TypeError(

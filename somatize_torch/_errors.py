@@ -15,6 +15,7 @@ the parts watcher) raise them without importing the wrapper that imports them::
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad
 
 from somatize.errors import SomatizeError
 
@@ -86,3 +87,19 @@ def transforming(value: torch.Tensor) -> bool:
     return functorch.maybe_current_level() is not None or bool(
         functorch.is_functorch_wrapped_tensor(value)
     )
+
+
+def gradient_cut(value: torch.Tensor) -> str:
+    """What of ``value``'s derivatives a recalled answer would not carry, as a message
+    says it ("" for none): a gradient where one is recorded (``value`` requires grad, grad
+    mode on), or a forward-mode tangent (``forward_ad.make_dual``), which flows under
+    ``torch.no_grad()`` too, though not under ``torch.inference_mode()``."""
+    if value.requires_grad and torch.is_grad_enabled():
+        return "requires grad"
+    if (
+        forward_ad._current_level >= 0
+        and not torch.is_inference_mode_enabled()
+        and forward_ad.unpack_dual(value).tangent is not None  # type: ignore[no-untyped-call]
+    ):
+        return "carries a forward-mode tangent (`torch.autograd.forward_ad.make_dual`)"
+    return ""

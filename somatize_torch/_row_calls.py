@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from somatize_torch._errors import in_a_transform, transforming
+from somatize_torch._errors import gradient_cut, in_a_transform, transforming
 from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError, _describe
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import plain
@@ -132,13 +132,13 @@ def _check_call(
             "be answered from another class's rows. Hand it a plain tensor "
             "(`x.as_subclass(torch.Tensor)`), or call the module itself"
         )
-    elif x.requires_grad and torch.is_grad_enabled():
+    elif cut := gradient_cut(x):
         # Where no gradient is recorded (torch.no_grad, inference_mode), none is cut: the
         # module's answer there would not require grad either, unless it turns gradients
         # on itself (refused once its keying is known: `_rowwise._check_records_none`).
         raise CachedInputNeedsGrad(
             f"`{type(self.module).__name__}` is cached per row and the batch it is handed "
-            "requires grad: a recalled row is a leaf, so whatever produced the batch would "
-            "train on misses and silently stop on hits. Freeze what feeds it, or call the "
-            "module itself"
+            f"{cut}: a recalled row is a leaf, so whatever produced the batch would train "
+            "on misses and silently stop on hits. Freeze what feeds it, or call the module "
+            "itself"
         )

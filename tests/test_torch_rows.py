@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import contextlib
 import copy
 import errno
 import functools
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from somatize import Store
@@ -1554,6 +1556,28 @@ def test_an_input_that_requires_grad_is_taken_where_no_gradient_flows(
     assert (cached.stats.computed, cached.stats.recalled) == (4, 4)
     with pytest.raises(CachedInputNeedsGrad, match="requires grad"):
         cached(x)
+    cached.close()
+
+
+@pytest.mark.parametrize("context", [contextlib.nullcontext, torch.no_grad])
+def test_an_input_carrying_a_forward_mode_tangent_is_refused(
+    store: Store, context: Callable[[], Any]
+) -> None:
+    """A batch made a dual tensor (``forward_ad.make_dual``) carries its tangent through
+    the module, under ``torch.no_grad()`` too, and a recalled row carries none: the jvp
+    would be there on misses and silently missing on hits. Refused, computed or not, and
+    the same batch without its tangent is answered as ever."""
+    cached = cache_rows(encoder(), store)
+    x = images(3)
+    cached(x)
+    for _ in range(2):
+        with forward_ad.dual_level(), context():
+            dual = forward_ad.make_dual(x, torch.ones_like(x))
+            with pytest.raises(CachedInputNeedsGrad, match="forward-mode tangent"):
+                cached(dual)
+            with pytest.raises(CachedInputNeedsGrad, match="forward-mode tangent"):
+                cached(forward_ad.make_dual(images(2) + 5, torch.ones(2, 3, 8, 8)))
+    assert torch.equal(cached(x), cached(x))
     cached.close()
 
 

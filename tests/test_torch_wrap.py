@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils import _pytree as pytree
 from torch.utils.checkpoint import checkpoint
@@ -641,6 +642,26 @@ def test_cached_input_that_requires_grad_is_refused(store: Store) -> None:
     smt.freeze(wrapped)
     with pytest.raises(smt.CachedInputNeedsGrad, match="requires grad"):
         wrapped(torch.randn(2, 6))
+
+
+@pytest.mark.parametrize("context", [contextlib.nullcontext, torch.no_grad])
+def test_cached_input_carrying_a_forward_mode_tangent_is_refused(
+    store: Store, context: Callable[[], Any]
+) -> None:
+    """A dual tensor (``forward_ad.make_dual``) carries its tangent through the module,
+    under ``torch.no_grad()`` too, and a recalled answer carries none: the jvp was there
+    on the miss and silently missing on the hit. Refused, computed or not."""
+    torch.manual_seed(0)
+    wrapped = smt.wrap(nn.Linear(4, 4), frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        with forward_ad.dual_level(), context():
+            dual = forward_ad.make_dual(x, torch.ones_like(x))
+            with pytest.raises(smt.CachedInputNeedsGrad, match="forward-mode tangent"):
+                wrapped(dual)
+    assert torch.equal(wrapped(x), wrapped(x))
+    assert wrapped.counts["linear"] == {"ran": 1, "kept": 1, "recalled": 1}
 
 
 class _GradsOn(nn.Module):
