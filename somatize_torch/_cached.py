@@ -411,7 +411,7 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
                 "tensors it is handed, so its arguments must be tensors (or None). Make the "
                 "value a constant of the model, or drop the submodule from `cached=`"
             )
-        if transforming(value):
+        if torch._C._functorch.is_functorch_wrapped_tensor(value) or transforming():
             raise in_a_transform(
                 f"`{name}` is cached and", f"argument {index}", "drop it from `cached=`"
             )

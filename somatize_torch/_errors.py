@@ -79,14 +79,12 @@ def in_a_transform(called: str, handed: str, instead: str) -> TypeError:
     )
 
 
-def transforming(value: torch.Tensor) -> bool:
-    """Whether a call handed ``value`` is made inside a ``torch.func`` transform: ``value``
-    is a tensor of one, or one is running, which makes each tensor read under it its own
-    (``x.detach()`` of one made outside it, the weights ``functional_call`` hands in)."""
-    functorch = torch._C._functorch
-    return functorch.maybe_current_level() is not None or bool(
-        functorch.is_functorch_wrapped_tensor(value)
-    )
+def transforming() -> bool:
+    """Whether a ``torch.func`` transform is running, which makes each tensor read under it
+    its own (``x.detach()`` of one made outside it, the weights ``functional_call`` hands
+    in), not only those it hands in. Asked outside compiled code: torch.compile cannot
+    trace the question."""
+    return torch._C._functorch.maybe_current_level() is not None
 
 
 def gradient_cut(value: torch.Tensor) -> str:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from somatize_torch._errors import gradient_cut, in_a_transform, transforming
+from somatize_torch._errors import gradient_cut, in_a_transform
 from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError, _describe
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import plain
@@ -117,7 +117,7 @@ def _check_call(
             f"a row-cached module is called with a batch tensor (rows along dimension 0), "
             f"got {_describe(x)}"
         )
-    elif transforming(x):
+    elif torch._C._functorch.is_functorch_wrapped_tensor(x):
         raise in_a_transform(
             f"`{type(self.module).__name__}` is cached per row and",
             "the batch",

@@ -32,6 +32,7 @@ import torch
 from somatize.engine import Drifted
 from somatize.errors import SomatizeWarning
 from somatize.store.base import Corrupt, Missing, StoreError
+from somatize_torch._errors import in_a_transform, transforming
 from somatize_torch._modes import outside_compiled
 from somatize_torch._row_codec import batch_order, decode_rows, empty_rows, laid_out, row_order
 from somatize_torch._row_errors import NotRowwise, RowsError
@@ -499,6 +500,12 @@ def _recall_held(
     uncached = self.runs_uncached
     if uncached is not None and uncached(self):
         return self._uncached(x)
+    if transforming():  # a batch made outside it: the transform makes it its own as it is read
+        raise in_a_transform(
+            f"`{type(self.module).__name__}` is cached per row and",
+            "the batch",
+            "call the module itself",
+        )
     if not self._handed_back:  # as a rule: nothing to hold, and no context made per batch
         return _recall_or_run(self, x, index)
     with self._frozen_for_call():
