@@ -565,6 +565,55 @@ def test_a_gc_keeps_the_use_times_of_what_it_kept_alone() -> None:
     assert _logged(gc) == {kept}
 
 
+def _two_kept(older: str, newer: str) -> BucketStore:
+    """A fresh bucket store keeping answers of 10,000 bytes under ``older``, then ``newer``."""
+    store = Store.on_bucket(s3_url(), **s3_options())
+    assert isinstance(store, BucketStore)
+    store.keep(older, b"o" * 10_000, "plain")
+    store.keep(newer, b"n" * 10_000, "plain")
+    return store
+
+
+def _left_after_gc(store: BucketStore, keys: list[str]) -> set[str]:
+    """Which of ``keys`` a gc of ``store`` with room for one answer leaves, as a store opened
+    afresh finds them."""
+    assert store.gc(max_bytes=15_000, grace=0).answers == 1
+    return Store.on_bucket(store.url, **s3_options()).have(keys)
+
+
+def _log_use(store: BucketStore, body: bytes) -> None:
+    """Puts ``body`` in ``store``'s ``used/`` as a log of when answers were used."""
+    store.fs.pipe_file(f"{store.root}/used/{uuid.uuid4().hex}.json", body)
+
+
+@pytest.mark.parametrize("ahead", [b"1e11", b"Infinity"])
+def test_a_use_stamped_ahead_of_the_clock_is_taken_as_a_use_then(ahead: bytes) -> None:
+    """A ``used/`` log stamped far ahead (a machine whose clock ran years fast, or a time
+    of Infinity) kept its answer the most recently used at every gc, the merged log
+    carrying the time on: a later gc dropped an answer just used to keep one nobody used
+    since. A use stamped later than the gc's clock is taken as a use at that gc, and
+    ages from there; Infinity is no time, and passed over."""
+    stamped, fresh = key_of("stamped ahead"), key_of("used since")
+    store = _two_kept(stamped, fresh)
+    _log_use(store, b'{"answers": {"%s": %s}, "packs": {}}' % (stamped.encode(), ahead))
+    assert store.gc(grace=0).answers == 0  # the logs merged, nothing dropped
+    store.recall(fresh)
+    store.close()
+    assert _left_after_gc(store, [stamped, fresh]) == {fresh}
+
+
+@pytest.mark.parametrize("damaged", [b'"soon"', b"null", b"[1]"])
+def test_a_damaged_time_in_a_use_log_loses_that_time_alone(damaged: bytes) -> None:
+    """A ``used/`` log holding one time that is no time (text, null, a list) lost every
+    time after it in the log: an answer just used was taken for one unused since it was
+    kept, and a gc dropped it. Only the damaged time is passed over."""
+    fresh, newer = key_of("used just now"), key_of("kept later, never used")
+    store = _two_kept(fresh, newer)
+    used = b'{"answers": {"%s": %s, "%s": %r}, "packs": {}}'
+    _log_use(store, used % (key_of("gone").encode(), damaged, fresh.encode(), time.time()))
+    assert _left_after_gc(store, [fresh, newer]) == {fresh}
+
+
 def test_store_of_a_url_is_a_bucket() -> None:
     """Store("memory://…") opens a bucket store, as Store(path) opens a directory."""
     assert isinstance(Store("memory://somatize/plain"), BucketStore)

@@ -30,7 +30,7 @@ from typing import Any
 
 from somatize.store._bucket_requests import BucketRequests
 from somatize.store._packed import hash_bytes
-from somatize.store.base import StoreError
+from somatize.store.base import StoreError, check_digest, moment
 from somatize.store.local import LocalStore
 from somatize.store.upkeep import Collected, Entry, Progress, collect
 
@@ -443,19 +443,29 @@ class BucketShelf(BucketRequests):
         self._write(self._path("used", f"{uuid.uuid4().hex}.json"), [log])
 
     def _uses(self) -> dict[tuple[str, str], float]:
+        """When each answer and pack the ``used/`` logs name was last used. A damaged log,
+        or a damaged entry in one (a time no clock shows: text, negative, Infinity), only
+        loses its own recency, which is advice; a time later than now (a clock that ran
+        years ahead) is taken as a use now, and ages from here on, rather than keeping its
+        answer the newest at every gc until that time comes."""
         out: dict[tuple[str, str], float] = {}
         listed = [self._path("used", name) for name in self._listed("used")]
+        now = time.time()
         for data in self._read_paths(listed).values():
             try:
                 log = json.loads(data or b"{}")
-                for key, when in log.get("answers", {}).items():
-                    name = (f"{key[7:9]}/{key[7:]}", float(when))
-                    out[("answers", name[0])] = max(out.get(("answers", name[0]), 0.0), name[1])
-                for pack_id, when in log.get("packs", {}).items():
-                    where = ("packs", pack_id[7:])
-                    out[where] = max(out.get(where, 0.0), float(when))
-            except (ValueError, TypeError, AttributeError, OverflowError, RecursionError):
-                continue  # a damaged log only loses recency, which is advice
+                sections = [(section, log.get(section)) for section in ("answers", "packs")]
+            except (ValueError, TypeError, AttributeError, RecursionError):
+                continue
+            for section, times in sections:
+                for digest, when in times.items() if isinstance(times, dict) else ():
+                    try:
+                        hexed = check_digest(digest)[7:]
+                        used = min(moment(when), now)
+                    except (ValueError, TypeError, OverflowError):
+                        continue
+                    where = (section, f"{hexed[:2]}/{hexed}" if section == "answers" else hexed)
+                    out[where] = max(out.get(where, 0.0), used)
         with self._lock:
             self._noted.merging = (listed, out, set())
         return out
