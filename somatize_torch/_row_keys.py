@@ -89,6 +89,21 @@ KeyMode = Literal["content", "index"]
 _REMEMBERED_KEYS = 1 << 20
 """How many store keys a cache remembers, over all its keyings (about 250 MB at most)."""
 
+_LAST_CONVERSION: list[object] = [object()]
+"""A mark made anew by every conversion (``.half()``, ``.double()``, ``.to(device)``)
+asked of a row cache (:func:`converted`), which its module carries out in place: the
+tensors' memory changes, their identities and version counters do not, so no other cache
+over that module (keyed otherwise, salted apart), over a part of it or over one holding
+it would see it. Each cache keeps the mark it last settled under (:func:`_settle`); one
+it has not seen has it look at the tensors' memory too — once, and at the cost of one
+comparison at every other call. Made anew, never counted up: two threads converting at
+once leave a mark no cache has seen."""
+
+
+def converted() -> None:
+    """Says that a row cache's module was converted in place (:data:`_LAST_CONVERSION`)."""
+    _LAST_CONVERSION[0] = object()
+
 
 class _KeyRoom:
     """How many more store keys the keyings of one cache may remember: one count for all
@@ -435,7 +450,12 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     part without weights replaced: `encoder.act = nn.Tanh()`). Returns None when
     nothing was looked at, else whether rows are keyed anew."""
     watch = self._watch
-    if not again and watch is not None and not watch.changed(thorough):
+    # A conversion asked of another cache (or this one) since: the tensors' memory tells.
+    conversion = _LAST_CONVERSION[0]
+    seen = conversion is self._conversion
+    if not again and watch is not None and not watch.changed(thorough or not seen):
+        if not seen:
+            self._conversion = conversion
         # The same weights; a setting given to the module since (`enc.temperature = 5.0`)
         # or a hook registered is in the declaration.
         if not self._node.declaration_moved():
@@ -466,7 +486,7 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     hold(self.module)  # a submodule put in since is held in eval too
     # Watched from before the digest: a change while it reads the weights is seen next.
     state, watch = watched_state(self.module)
-    self._watch = watch
+    self._watch, self._conversion = watch, conversion
     try:
         if state != self._state:
             self._state = state

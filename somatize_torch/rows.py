@@ -38,9 +38,12 @@ watched: a change in place (``load_state_dict``, an optimizer step on a
 parameter somebody unfroze) is seen by the tensors' version counters, a tensor
 or submodule replaced (a checkpoint loaded by assignment, ``encoder[0] = conv``)
 by identity, and the state is digested again before the next row is keyed, so
-no answer computed with other weights is recalled. What neither sees — a tensor
-swapped or written through ``p.data``, the inner module converted in place, a
-fused optimizer kernel's write — is seen at :meth:`CachedRows.redeclare`, which
+no answer computed with other weights is recalled. A conversion asked of a cache
+(``cached.half()``), carried out by the module in place, is seen by every cache at
+its next call, another cache of the same module too (``_row_keys._LAST_CONVERSION``).
+What neither sees — a tensor swapped or written through ``p.data``, the inner module
+converted in place itself, a fused optimizer kernel's write — is seen at
+:meth:`CachedRows.redeclare`, which
 looks at the tensors' memory and digests the state again (``CacheFrozen`` calls
 it at every epoch's first batch). A module whose parameters come to require grad
 (somebody unfroze it to train it) is refused (:class:`Unfrozen`): a cached module
@@ -81,6 +84,7 @@ from somatize_torch._row_ahead import _name_ahead
 from somatize_torch._row_calls import _check_call, _named_batch
 from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError
 from somatize_torch._row_keys import (
+    _LAST_CONVERSION,
     KeyMode,
     _deferred_row,
     _drop_keyings,
@@ -92,6 +96,7 @@ from somatize_torch._row_keys import (
     _settle,
     _share_registries,
     code_watch,
+    converted,
 )
 from somatize_torch._row_lookup import _remember
 from somatize_torch._row_options import DEVICE_BYTES as DEVICE_BYTES
@@ -182,6 +187,9 @@ class CachedRows(nn.Module):
         self._node = ModuleNode(module)
         self._node._keys_precision = False  # rows are keyed by the precision they run in
         self._node.named(type(module).__name__).frozen()
+        # The last conversion asked of any row cache, as the state is digested after it
+        # (`_row_keys._settle`: one made since is looked for in the tensors' memory).
+        self._conversion = _LAST_CONVERSION[0]
         self._state = freeze(Graph.somatize(self._node))[self._node._smz.name or ""]
         self._identity = self._node._smz.identity
         self._watch: StateWatch | None = self._node._watch  # taken as `freeze` digested it
@@ -596,6 +604,7 @@ class CachedRows(nn.Module):
     def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> CachedRows:
         self.module._apply(fn, recurse)  # type: ignore[no-untyped-call]
         self._watch = None  # a conversion: digest again
+        converted()  # and every other cache over the module, or a part of it, looks
         return self
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:

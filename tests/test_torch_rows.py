@@ -29,7 +29,7 @@ from somatize.keys import node_key, node_prefix
 from somatize.store import StoreError
 from somatize_torch import _row_keys, _row_lookup
 from somatize_torch._native import host_library
-from somatize_torch.deferred import Deferred
+from somatize_torch.deferred import Deferred, DeferredRows
 from somatize_torch.digest import digest_rows
 from somatize_torch.freeze import FreezeError, StillChanging, digest_state, is_held, release
 from somatize_torch.rows import (
@@ -1053,6 +1053,44 @@ def test_weights_changed_any_way_are_seen(store: Store) -> None:
     assert torch.equal(cached(x.double()), expected(module, x.double()))
     assert cached.stats.computed == 6 * 6
     cached.close()
+
+
+def test_a_conversion_through_one_cache_is_seen_by_every_cache_of_the_module(
+    store: Store,
+) -> None:
+    """A conversion asked of one cache (``.half().float()``, which rounds the weights in
+    place; ``.double()``) is seen by the other caches of the same module, keyed or salted
+    otherwise, and by a cache of a part of it or of a module holding it: none recalls rows
+    of the weights before, and a deferred batch runs in the module's new dtype."""
+    module = encoder()
+    x, index = images(6), torch.arange(6)
+    data = Deferred(x, version="toy@1")
+    by_content = cache_rows(module, store)
+    by_index = cache_rows(module, store, key="index", version="v1")
+    salted = cache_rows(module, store, salt="apart")
+    part = cache_rows(module[0], store)
+    whole = nn.Sequential(module, nn.Tanh())
+    holding = cache_rows(whole, store)
+    deferred = cache_rows(module, store, key="index")
+
+    def answers(dtype: torch.dtype) -> list[torch.Tensor]:
+        rows = DeferredRows(data.name, index, "toy@1", torch.device("cpu"))
+        y = x.to(dtype)
+        cached = [by_content(y), by_index(y, index=index), salted(y), part(y), holding(y)]
+        return [*cached, deferred(rows)]
+
+    def wanted(dtype: torch.dtype) -> list[torch.Tensor]:
+        y = x.to(dtype)
+        parts = [expected(module[0], y), expected(whole, y)]
+        return [*[expected(module, y)] * 3, *parts, expected(module, y)]
+
+    answers(torch.float32)
+    by_content.half().float()
+    assert all(map(torch.equal, answers(torch.float32), wanted(torch.float32)))
+    by_content.double()
+    assert all(map(torch.equal, answers(torch.float64), wanted(torch.float64)))
+    for cache in (by_content, by_index, salted, part, holding, deferred):
+        cache.close()
 
 
 def test_an_optimizer_made_before_caching_leaves_the_encoder_still(store: Store) -> None:
