@@ -53,7 +53,8 @@ class NeverHits(SomatizeWarning):
 class Uncached(SomatizeWarning):
     """A submodule runs uncached: a fine-tuning schedule unfroze it, a fine-tuning
     callback leaves it to train (or in train mode), it would run in train mode with parts
-    that compute otherwise there (BatchNorm, dropout), or another module replaced it."""
+    that compute otherwise there (BatchNorm, dropout), it is handed a batch that requires
+    grad (a trainable part upstream of it), or another module replaced it."""
 
 
 class FrozeTrainable(SomatizeWarning):

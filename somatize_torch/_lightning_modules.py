@@ -24,7 +24,9 @@ a warning (:class:`Uncached`), one left to train or in train mode. Without one, 
 mode it would run in is known only as it is called, after the LightningModule's own hooks
 (``self.encoder.eval()`` at each batch's start) have asked theirs: a forward that finds it
 would run in train mode with parts that compute otherwise there (BatchNorm, dropout) puts
-it back uncached before it answers (:func:`left_in_train_mode`), with the same warning.
+it back uncached before it answers (:func:`left_in_train_mode`), with the same warning;
+so does one handed a batch that requires grad (a trainable part upstream of it), whose
+answers a recalled row would cut (:func:`handed_grad`).
 
 What ``setup()`` found is recorded as it caches each module in place
 (:func:`cache_in_place`, :class:`Found`): every place the module sits
@@ -90,6 +92,7 @@ __all__ = [
     "find",
     "fixed_by_wrap",
     "freeze_first",
+    "handed_grad",
     "left_in_train_mode",
     "let_go",
     "locate",
@@ -591,16 +594,25 @@ def cache_in_place(
     # that finds it would run in train mode without the cache, its hooks' asks included.
     cached.when_unfrozen = callback._unfrozen
     cached.runs_uncached = callback._in_train_mode
+    # So does one handed a batch whose gradient or tangent its recalled rows would cut.
+    cached.when_input_needs_grad = callback._input_needs_grad
     found.install(cached)
     callback._cached[name] = cached
     callback._found[name] = found
+
+
+def _unhooked(cached: CachedRows) -> CachedRows:
+    """``cached`` with none of the callback's handlers left on it: called on its own from
+    here, it refuses what a cache of its own refuses."""
+    cached.when_unfrozen = cached.runs_uncached = cached.when_input_needs_grad = None
+    return cached
 
 
 def _run_uncached(callback: CacheFrozen, name: str, cached: CachedRows, *, grads: bool) -> None:
     """Puts ``cached``'s module back as it was found (with ``grads``, each parameter
     requiring grad as found), in the mode asked of it, to run uncached from here on, and
     lets go of its cache."""
-    cached.when_unfrozen = cached.runs_uncached = None
+    _unhooked(cached)
     callback._found.pop(name).put_back(cached, grads=grads)
     pass_through(callback, cached.module)
     let_go(cached, callback._aheads)
@@ -650,6 +662,28 @@ def left_in_train_mode(
     )
 
 
+def handed_grad(callback: CacheFrozen, name: str, cached: CachedRows, cut: str) -> None:
+    """Puts ``cached``'s module back as it was found, in the mode asked of it, to run
+    uncached for the rest of the stage: it is handed a batch that ``cut`` says a recalled
+    row would cut the derivatives of (it requires grad: a trainable part upstream), so its
+    answers cannot be recalled. A later stage caches it anew (in an evaluation, nothing
+    requires grad). The warning that says so (:class:`Uncached`) points at what called
+    this."""
+    _run_uncached(callback, name, cached, grads=True)
+    warnings.warn(
+        f"`{name}` is handed a batch that {cut}, which a recalled row would not carry (it "
+        "is a leaf): a trainable part upstream of it (an adapter, a learned normalization, "
+        "an embedding) would train on the rows computed and silently stop on those "
+        "recalled, so its answers cannot be recalled. It is put back as it was and runs "
+        "uncached for the rest of this stage, what is upstream of it training as without "
+        "this callback. To cache it, freeze the part upstream (`requires_grad_(False)`, "
+        "or run it under `torch.no_grad()`), or cache something else: a frozen module "
+        "whose input requires no grad",
+        Uncached,
+        stacklevel=2,
+    )
+
+
 def replaced(
     callback: CacheFrozen, pl_module: pl.LightningModule, name: str, cached: CachedRows
 ) -> bool:
@@ -663,7 +697,7 @@ def replaced(
         now = None
     if now is cached:
         return False
-    cached.when_unfrozen = cached.runs_uncached = None
+    _unhooked(cached)
     callback._found.pop(name).put_back(cached, grads=True)
     if now is not None:
         pass_through(callback, now)
@@ -693,8 +727,7 @@ def put_back_all(callback: CacheFrozen, *, failed: bool) -> None:
     callback._passes = {}
     closing: list[CachedRows] = []
     for name, found in list(callback._found.items()):
-        cached = callback._cached[name]
-        cached.when_unfrozen = cached.runs_uncached = None
+        cached = _unhooked(callback._cached[name])
         del callback._found[name]
         found.put_back(cached, grads=True)
         closing.append(cached)

@@ -90,8 +90,10 @@ def _recall_or_run(
     # rows are keyed under.
     keying, watch = _keying(self, x)
     _check_still(self)
-    if isinstance(x, torch.Tensor) and x.requires_grad:  # taken where none is recorded
-        _check_records_none(self, x, keying)
+    # A batch that requires grad is taken here only where none is recorded; one the module
+    # records a gradient of anyway is refused, or put back uncached and answered by it.
+    if isinstance(x, torch.Tensor) and x.requires_grad and _check_records_none(self, x, keying):
+        return self._uncached(x)
     tag = keying.tag
     if isinstance(x, DeferredRows) and self.store is not None:
         _seed(self, x, keying)

@@ -87,14 +87,16 @@ def _copies_of_one(rows: torch.Tensor) -> bool:
     return bool((bits == bits[:1]).all())
 
 
-def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> None:
+def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> bool:
     """Refuses a batch that requires grad, taken where no gradient is recorded (under
     ``torch.no_grad()``), for a module that records one anyway, turning gradients on
     inside its forward: its own answer would carry the batch's gradient, and a recalled
     row carries none. Its first row is run once per keying to see, whether the batch's
-    rows are then recalled or computed."""
+    rows are then recalled or computed. True where, instead,
+    :attr:`CachedRows.when_input_needs_grad` put the module back uncached, to answer the
+    batch itself."""
     if keying.records_none or x.shape[0] == 0:
-        return
+        return False
     module = self.module
     check_still(type(module).__name__, module)
     # A copy: a module that writes into its input (centring it in place) would otherwise
@@ -110,6 +112,11 @@ def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> N
     finally:
         self._node.ran()
     if isinstance(out, torch.Tensor) and out.requires_grad:
+        if self._put_back_for(
+            "requires grad, and it turns gradients on inside its forward (under "
+            "`torch.no_grad()` too)"
+        ):
+            return True
         raise CachedInputNeedsGrad(
             f"`{type(module).__name__}` is cached per row and turns gradients on inside its "
             "forward: handed a batch that requires grad, even under `torch.no_grad()`, it "
@@ -118,6 +125,7 @@ def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> N
             "`x.detach()`, or call the module itself"
         )
     keying.records_none = True
+    return False
 
 
 def _check_answer(self: CachedRows, out: Any, rows: int) -> None:

@@ -74,6 +74,14 @@ Why it is shaped this way:
   as it was when a forward finds so, after the LightningModule's own hooks have
   asked their modes, and answers that very batch uncached, with a warning
   (:class:`Uncached`). One with no such part is cached whatever its mode.
+- **A module whose input trains runs uncached**: one handed a batch that requires
+  grad (a trainable adapter, learned normalization or embedding upstream of it in
+  the LightningModule) or carries a forward-mode tangent could not be recalled — a
+  recalled row is a leaf, and the part upstream would stop training on hits — so
+  it answers that batch itself, the gradient flowing upstream as without the
+  callback, and runs uncached for the rest of the stage, with a warning
+  (:class:`Uncached`). ``cache_rows`` on its own refuses such a batch
+  (:class:`~somatize_torch.CachedInputNeedsGrad`).
 - **Ranks share one store**: under DDP each rank computes and keeps its own rows
   (a store's writes are atomic and idempotent, so two ranks keeping one row is
   harmless), and at the end of each epoch every rank flushes its writes and
@@ -142,6 +150,7 @@ from somatize_torch._lightning_modules import (
     find,
     fixed_by_wrap,
     freeze_first,
+    handed_grad,
     left_in_train_mode,
     locate,
     nested,
@@ -609,6 +618,23 @@ class CacheFrozen(Callback):
         if not parts or any(p.requires_grad for p in cached.module.parameters()):
             return False
         left_in_train_mode(self, name, cached, parts)
+        return True
+
+    def _input_needs_grad(self, cached: CachedRows, cut: str) -> bool:
+        """Told by a cached module's forward that it is handed a batch whose derivatives
+        its recalled rows would cut (``cut``: it requires grad, a trainable part upstream,
+        or carries a forward-mode tangent): it is put back uncached there and then, for the
+        rest of the stage (:func:`handed_grad`), and the forward answers with the module
+        itself, the gradient flowing upstream as without the callback. One unfrozen too
+        is put back as such (:meth:`_unfrozen`), saying so. False for a cache this
+        callback no longer holds: the forward refuses the batch, as a cache of its own
+        would."""
+        name = next((n for n, c in self._cached.items() if c is cached), None)
+        if name is None or name not in self._found:
+            return False
+        if any(p.requires_grad for p in cached.module.parameters()):
+            return self._unfrozen(cached)
+        handed_grad(self, name, cached, cut)
         return True
 
     def _first_batch(self, pl_module: pl.LightningModule) -> None:

@@ -30,7 +30,10 @@ its output never required grad, and an input that requires grad is refused
 (a recalled row is a leaf; whatever produced the input would train on misses
 and silently stop on hits) where gradients are recorded: under ``torch.no_grad()``
 it is taken, unless the module turns them on inside its forward
-(:func:`~somatize_torch._rowwise._check_records_none`).
+(:func:`~somatize_torch._rowwise._check_records_none`); so is one carrying a
+forward-mode tangent. Where :attr:`CachedRows.when_input_needs_grad` is set
+(``CacheFrozen`` sets it), such a batch is told to it instead, to put the module back
+uncached, and the forward answers with the module itself.
 
 The module is settled by :func:`somatize.torch.freeze` when it is wrapped
 (weights digested, ``requires_grad_(False)``, held in eval). Its weights are
@@ -77,6 +80,7 @@ from torch import nn
 from somatize import Graph, Store
 from somatize._threads import ProcessLock
 from somatize.catalog import fingerprint_of
+from somatize_torch._errors import CachedInputNeedsGrad, gradient_cut
 from somatize_torch._modes import marked_as_needed
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
@@ -249,6 +253,12 @@ class CachedRows(nn.Module):
         # back, and the forward answers with the module itself. ``CacheFrozen`` sets it, for
         # a module its model would run in train mode, where it answers otherwise.
         self.runs_uncached: Callable[[CachedRows], bool] | None = None
+        # Told (with this cache, and what of the batch's derivatives a recalled row would
+        # cut, as `gradient_cut` says it) when a forward is handed a batch it would refuse
+        # for that (`CachedInputNeedsGrad`: a trainable part upstream): if it answers True
+        # it has put the module back uncached, and the forward answers with the module
+        # itself, the gradient or tangent flowing. ``CacheFrozen`` sets it.
+        self.when_input_needs_grad: Callable[[CachedRows, str], bool] | None = None
         # Whether the module is its model's again (see `hand_back`), until `freeze_again`.
         self._handed_back = False
         # Held by a call that holds the module frozen for itself once it is handed back: a
@@ -444,7 +454,13 @@ class CachedRows(nn.Module):
         may go by the name the module's forward gives it (``cached(input_ids=ids)``)."""
         if x is None and more:
             x, more = _named_batch(self, more)
-        _check_call(self, x, beside, index, more)
+        try:
+            _check_call(self, x, beside, index, more)
+        except CachedInputNeedsGrad:
+            assert isinstance(x, torch.Tensor)  # the last refusal: a batch tensor, all else taken
+            if not self._put_back_for(gradient_cut(x)):
+                raise
+            return self._uncached(x)
         assert x is not None  # refused there, as no batch tensor
         if isinstance(x, nn.Parameter):
             # A parameter handed on: keyed and run as its values (still requiring grad for
@@ -459,11 +475,18 @@ class CachedRows(nn.Module):
             return self._uncached(x)
         return out
 
+    def _put_back_for(self, cut: str) -> bool:
+        """Whether :attr:`when_input_needs_grad`, told that a batch's ``cut`` (what of its
+        derivatives a recalled row would not carry) has the batch refused, put the module
+        back uncached instead, to answer it itself."""
+        handler = self.when_input_needs_grad
+        return handler is not None and handler(self, cut)
+
     def _uncached(self, x: torch.Tensor | DeferredRows) -> torch.Tensor:
-        """The module's own answer on ``x``, once :attr:`when_unfrozen` or
-        :attr:`runs_uncached` has put it back uncached: run as without a cache, in the
-        caller's grad mode and the module's own mode, so that it trains or runs as without
-        a cache from this very batch."""
+        """The module's own answer on ``x``, once :attr:`when_unfrozen`,
+        :attr:`runs_uncached` or :attr:`when_input_needs_grad` has put it back uncached:
+        run as without a cache, in the caller's grad mode and the module's own mode, so
+        that it trains or runs as without a cache from this very batch."""
         if isinstance(x, DeferredRows):
             dtype = _deferred_row(self, x)[0]
             loaded = x.load()

@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch.callbacks import BackboneFinetuning, BaseFinetuning, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 from torch import nn
+from torch.autograd import forward_ad
 
 from somatize import Node, SomatizeWarning, Store, StoreError
 from somatize.store.local import LocalStore
@@ -573,6 +574,68 @@ def test_an_encoder_left_in_train_mode_with_nothing_that_moves_is_cached(tmp_pat
     assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 1.0]
     assert model.encoder.training and not is_held(model.encoder)
     assert torch.equal(model.head.weight, plain.head.weight)
+
+
+class Adapted(Probe):
+    """A probe with a trainable part upstream of its frozen encoder — a 1x1 convolution
+    normalizing the images, trained through the encoder with the head — or, ``tangent``,
+    one that feeds the head the encoder's jvp along the adapted images, through a dual
+    tensor (``forward_ad.make_dual``) where no gradient is recorded."""
+
+    def __init__(self, tangent: bool = False) -> None:
+        super().__init__()
+        self.adapter = nn.Conv2d(3, 3, 1)
+        self.tangent = tangent
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        adapted = self.adapter(x)
+        if not self.tangent:
+            return self.head(self.encoder(adapted))
+        with torch.no_grad(), forward_ad.dual_level():
+            dual = forward_ad.make_dual(x, adapted.detach())
+            features, jvp = forward_ad.unpack_dual(self.encoder(dual))
+        return self.head(features if jvp is None else features + jvp)  # none in inference_mode
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        trained = [*self.adapter.parameters(), *self.head.parameters()]
+        return torch.optim.SGD(trained, lr=self.lr)
+
+
+@pytest.mark.parametrize("tangent", [False, True], ids=["grad", "tangent"])
+def test_an_encoder_handed_a_batch_that_requires_grad_trains_what_is_upstream_uncached(
+    tmp_path: Path, tangent: bool
+) -> None:
+    """An encoder handed a batch that requires grad (a trainable part upstream of it) or
+    carries a forward-mode tangent, whose answers a recalled row would cut, runs uncached
+    from that very batch for the rest of the fit, with a warning saying why and what to
+    do, rather than stopping the fit: the part upstream and the head train exactly as
+    without the callback. A later stage, where nothing requires grad, caches it again."""
+    validation = loader(shuffle=False, seed=2)
+
+    def fit(callbacks: list[pl.Callback]) -> Adapted:
+        model = Adapted(tangent)
+        run = trainer(tmp_path, 2, callbacks=callbacks, num_sanity_val_steps=1)
+        run.fit(model, loader(), validation)
+        return model
+
+    callback = CacheFrozen(None, ["encoder"])
+    cut = "carries a forward-mode tangent" if tangent else "requires grad"
+    with pytest.warns(Uncached, match=rf"`encoder` is handed a batch that {cut}.*freeze"):
+        cached = fit([callback])
+    plain = fit([])
+    assert not isinstance(cached.encoder, CachedRows) and not is_held(cached.encoder)
+    trained = "head" if tangent else "adapter"  # a tangent trains nothing upstream
+    assert not torch.equal(getattr(plain, trained).weight, getattr(Adapted(), trained).weight)
+    for name, weight in plain.named_parameters():
+        assert torch.equal(cached.get_parameter(name), weight), name
+    assert "encoder" not in callback.cached
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SomatizeWarning)
+        for _ in range(2):
+            trainer(tmp_path, 1, callbacks=[callback]).validate(
+                model=cached, dataloaders=validation, verbose=False
+            )
+    assert [e.hit_rate for e in epochs(callback, "validate")] == [0.0, 1.0]
 
 
 class PutInTrainModeLater(LeftInTrainMode):

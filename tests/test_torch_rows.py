@@ -1619,6 +1619,53 @@ def test_an_input_carrying_a_forward_mode_tangent_is_refused(
     cached.close()
 
 
+@pytest.mark.parametrize("cut", ["requires grad", "forward-mode tangent", "turns gradients on"])
+def test_a_batch_a_recalled_row_would_cut_is_handed_to_when_input_needs_grad(
+    store: Store, cut: str
+) -> None:
+    """With ``when_input_needs_grad`` set, a forward handed a batch whose gradient or
+    tangent a recalled row would cut — it requires grad, it carries a forward-mode tangent,
+    or the module turns gradients on for it under ``torch.no_grad()`` — tells it what is
+    cut, and answers with the module itself, the gradient or tangent flowing, where it says
+    it put the module back uncached; where it says no, the batch is refused as without it."""
+    grads_inside = cut == "turns gradients on"
+    torch.manual_seed(0)
+    module, x = (_GradsInside(), torch.randn(4, 4)) if grads_inside else (encoder(), images(4))
+    cached = cache_rows(module, store)
+    call: Callable[[torch.Tensor], torch.Tensor] = cached
+    told: list[str] = []
+
+    def put_back(cache: CachedRows, what: str) -> bool:
+        assert cache is cached
+        told.append(what)
+        return len(told) > 1  # no the first time, yes after
+
+    def answer() -> tuple[torch.Tensor, torch.Tensor]:
+        """The cache's answer on ``x`` and its derivative along ``x`` (the plain
+        module's, with ``cached`` the module itself)."""
+        if cut == "forward-mode tangent":
+            with forward_ad.dual_level():
+                out = call(forward_ad.make_dual(x, torch.ones_like(x)))
+                primal, tangent = forward_ad.unpack_dual(out)
+            return primal, tangent
+        batch = x.clone().requires_grad_()
+        with torch.no_grad() if grads_inside else contextlib.nullcontext():
+            out = call(batch)
+        (derivative,) = torch.autograd.grad(out.sum(), batch)
+        return out.detach(), derivative
+
+    cached.when_input_needs_grad = put_back
+    with pytest.raises(CachedInputNeedsGrad, match=cut):
+        answer()
+    got = answer()
+    assert [cut in what for what in told] == [True, True]
+    assert cached.stats.computed == 0  # nothing kept that would be recalled
+    cached.close()
+    call = module.eval()
+    for value, truth in zip(got, answer(), strict=True):
+        assert torch.allclose(value, truth, atol=1e-6)
+
+
 class _CentredInPlace(nn.Module):
     """Centres its batch in place (as ``Normalize(inplace=True)`` does), then projects it."""
 
