@@ -87,6 +87,7 @@ from tests.broker_nodes import (
     weighted,
 )
 from tests.forked import needs_fork
+from tests.global_modules import normed_cell
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale, Square
 
 
@@ -473,6 +474,32 @@ def test_a_local_worker_runs_its_node_in_the_caller_s_grad_mode() -> None:
     out = g.forward(torch.ones(4, 3), broker=local)
     out.sum().backward()  # with grad on, it trains through the node as before
     assert linear.weight.grad is not None
+
+
+def test_a_network_worker_runs_its_node_in_the_caller_s_grad_mode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A frozen encoder on a network worker whose forward calls a module held in a global of
+    its file (``NORM = nn.LayerNorm(3)``, its weights trainable) answers under
+    ``torch.no_grad()`` (and ``torch.inference_mode()``) what it answers here: the worker's
+    thread ran it with grad on, and its answer, requiring grad, was refused on its way back
+    (a CodecError telling to compute it under ``torch.no_grad()``, as it was). With grad on,
+    where the answer here requires grad, it is refused as GradientLost, naming the node."""
+    cell = normed_cell(monkeypatch, "normed_on_a_network_worker")
+    torch.manual_seed(0)
+    enc = ModuleNode.build(cell.Normed)
+    g = Graph.somatize(Echo().named("s") >> enc.named("enc").frozen().at("w1"))
+    freeze(g)
+    x = torch.randn(4, 6)
+    network = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with torch.no_grad():
+        assert torch.equal(g.forward(x, broker=network), enc.module(x))
+    with torch.inference_mode():
+        assert torch.equal(g.forward(x, broker=network), enc.module(x))
+    assert enc.module(x).requires_grad
+    with pytest.raises(GradientLost, match=r"answer of `enc`.*worker `w1`.*requires grad.*"
+                       r"mode=\"local\"\)`.*`torch\.no_grad\(\)`"):  # fmt: skip
+        g.forward(x, broker=network)
 
 
 def test_a_copy_that_changes_its_arguments_as_it_runs_is_built_again(store: Store) -> None:

@@ -151,6 +151,10 @@ class Job:
     holder: str = ""
     """An opaque name of the client's graph, so two graphs whose nodes share a name and a
     blueprint at other states each keep theirs loaded."""
+    grad: bool = True
+    """Whether grad mode is on where the graph is called (off under ``torch.no_grad()`` and
+    ``torch.inference_mode()``): the node runs in it on the worker, whose thread or process
+    has its own, as it runs with no broker."""
 
 
 @dataclass(frozen=True)
@@ -212,8 +216,22 @@ def job_for(
         store=address,
         state=held_state(graph, node),
         holder=holder,
+        grad=_grad_on(),
     )
     return job, [data for _, data in packed]
+
+
+def _grad_on() -> bool:
+    """Whether grad mode is on in this thread (no torch imported: as torch starts a thread)."""
+    torch = sys.modules.get("torch")
+    return torch is None or bool(torch.is_grad_enabled())
+
+
+def _grad_mode(on: bool) -> AbstractContextManager[Any]:
+    """What sets grad mode ``on`` in this thread while it is entered; nothing where torch is
+    not imported, and no tensor either."""
+    torch = sys.modules.get("torch")
+    return nullcontext() if torch is None else torch.set_grad_enabled(on)
 
 
 def _needs_grad(value: Any) -> bool:
@@ -221,7 +239,7 @@ def _needs_grad(value: Any) -> bool:
     grad while grad mode is on: one whose gradient a crossing would cut (no torch imported:
     no tensor)."""
     torch = sys.modules.get("torch")
-    if torch is None or not torch.is_grad_enabled():
+    if torch is None or not _grad_on():
         return False
     tensor = torch.Tensor
     if isinstance(value, tensor):
@@ -251,6 +269,21 @@ def gradient_lost(node: str, worker: str, where: str) -> GradientLost:
         '`Worker.generic(mode="local")` worker or leave it where the graph is called; where '
         "no gradient is meant to pass, detach the tensor on purpose (`.detach()`) or run the "
         "forward under `torch.no_grad()`"
+    )
+
+
+def answer_needs_grad(node: str, worker: str) -> GradientLost:
+    """The refusal of an answer that requires grad on ``worker``, which would come back as
+    values alone."""
+    return GradientLost(
+        f"the answer of `{node}`, computed on worker `{worker}` with grad mode on, is or "
+        "holds a tensor that requires grad (computed from weights that train: a module its "
+        "forward reads that is not frozen, a parameter it makes), and it comes back as values "
+        "alone: the gradient would not flow back to those weights, and a backward pass here "
+        f"would miss that path without a word. Nothing was kept for `{node}`. To train through "
+        f'`{node}`, place it on a `Worker.generic(mode="local")` worker or leave it where the '
+        "graph is called; where no gradient is meant to pass, run the forward under "
+        "`torch.no_grad()`, or freeze what it computes with"
     )
 
 
@@ -610,10 +643,12 @@ class Host:
         before = held_by(node)
         start = time.perf_counter_ns()
         try:
-            with self.stoppable():
+            with self.stoppable(), _grad_mode(job.grad):  # the caller's, as with no broker
                 if self.let_go:  # as one interrupted before its forward began
                     raise KeyboardInterrupt
                 value = node.forward(*inputs, ctx)
+                if _needs_grad(value):
+                    raise answer_needs_grad(job.name, self.worker)
         except BaseException as stop:
             if not isinstance(stop, Exception):  # interrupted partway: it may be half changed
                 self._drop(node)
