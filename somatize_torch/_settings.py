@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.nn.modules import module as _registry  # where torch keeps its global hooks
+from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.nn.utils.weight_norm import WeightNorm
 from torch.utils.hooks import RemovableHandle as _HANDLES  # it numbers every hook
 
 from somatize import canonical
@@ -89,9 +91,10 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     1}``); one nested deeper than Python's recursion limit is refused."""
     out: dict[str, Any] = {}
     for prefix, sub in module.named_modules():
+        worked_out = _worked_out(sub)
         # And what it keeps in the slots its class declares (`__slots__`), as a config's.
         for name, value in {**vars(sub), **_slots_of(sub, part=True)}.items():
-            if name in _TORCH_OWN:
+            if name in _TORCH_OWN or name in worked_out:
                 continue
             where = f"{prefix}.{name}" if prefix else name
             try:
@@ -105,6 +108,19 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
             if seen is not _UNSEEN:
                 out[where] = seen
     return out
+
+
+_WORKED_OUT = (WeightNorm, SpectralNorm)
+"""The forward pre-hooks of torch's older ``weight_norm`` and ``spectral_norm``, which work
+out a module's weight from its state before each forward and set it as a plain tensor."""
+
+
+def _worked_out(part: nn.Module) -> set[str]:
+    """The attributes of ``part`` that a forward pre-hook of :data:`_WORKED_OUT` sets before
+    each forward (``weight``): worked out from its state, which the state digest names (the
+    ``weight_g`` and ``weight_v`` it is made from), not a setting. Declared, they named the
+    random weights a copy is built with until its first forward."""
+    return {hook.name for hook in part._forward_pre_hooks.values() if isinstance(hook, _WORKED_OUT)}
 
 
 class SettingsWatch:

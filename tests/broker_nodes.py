@@ -8,6 +8,7 @@ import os
 import random
 import threading
 import time
+import warnings
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,20 @@ class Encoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.norm(self.linear(x)) * self.scale
+
+
+class WeightNormed(nn.Module):
+    """An encoder normalised by torch's older ``weight_norm``, whose forward pre-hook sets
+    the weight it works out from ``weight_g`` and ``weight_v`` as a plain tensor."""
+
+    def __init__(self, width: int, out: int = 3) -> None:
+        super().__init__()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # deprecated, still in use
+            self.linear = nn.utils.weight_norm(nn.Linear(width, out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
 
 
 class Counting(nn.Module):

@@ -79,6 +79,7 @@ from tests.broker_nodes import (
     Tally,
     Three,
     Times,
+    WeightNormed,
     Weights,
     Where,
     Window,
@@ -1677,6 +1678,26 @@ def test_a_built_module_node_names_its_class_and_arguments() -> None:
     assert rebuilt.declaration() == enc.declaration()
     with pytest.raises(TypeError, match=r"module class.*ModuleNode\.build\(Encoder, width=32\)"):
         ModuleNode.build(Encoder(4))  # type: ignore[arg-type]
+
+
+def test_a_module_under_the_older_weight_norm_runs_on_a_network_worker() -> None:
+    """A frozen encoder normalised by torch's older ``weight_norm`` answers on a network
+    worker as here, and the weights it is changed to, once frozen again: the weight its
+    forward pre-hook works out from its state, kept as a plain tensor, was declared as a
+    setting, so a copy rebuilt with other random weights declared otherwise and the node was
+    refused (Unbuildable) before anything ran."""
+    torch.manual_seed(0)
+    enc = ModuleNode.build(WeightNormed, 4)
+    g = Graph.somatize(Ramp(4).named("rows") >> enc.named("enc").frozen().at("w1"))
+    freeze(g)
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    x = {"at": 0, "take": 5}
+    assert torch_equal(g.forward(x, broker=broker), g.forward(x))
+    with torch.no_grad():
+        enc.module.linear.weight_g.mul_(2.0)
+    freeze(g)
+    assert torch_equal(g.forward(x, broker=broker), g.forward(x))
+    assert torch_equal(g.forward(x), enc.module(Ramp(4).forward(x, None)))
 
 
 def test_a_frozen_module_crosses_once_and_stays_loaded() -> None:
