@@ -567,7 +567,8 @@ class ModuleNode(Node):
         by :meth:`build`), holds it frozen in eval, and answers the digest of its state. A
         tensor sent in another floating-point (or complex) dtype than the module built here
         holds — the client's module was converted, ``encoder.double()`` — is converted
-        here first, as ``module.to(dtype)`` would; any other difference is StateDoesNotFit."""
+        here first, as ``module.to(dtype)`` would, and one laid out in another order of its
+        dims (channels_last) is laid out so here; any other difference is StateDoesNotFit."""
         with warnings.catch_warnings():
             # Where the tensors lived does not matter: they are copied into the module.
             warnings.simplefilter("ignore", LandedOnHost)
@@ -595,8 +596,13 @@ class ModuleNode(Node):
         with torch.no_grad():
             for name, tensor in mine.items():
                 came = sent[name]
-                if came.dtype != tensor.dtype:  # as `module.to(dtype)` converts it
-                    tensor.data = torch.empty_like(tensor, dtype=came.dtype)
+                # As `module.to(dtype)` converts it, and laid out as the client's is
+                # (`module.to(memory_format=torch.channels_last)`, which the codec keeps): a
+                # kernel picks its path, and the layout of its answer, by it.
+                if came.dtype != tensor.dtype or came.stride() != tensor.stride():
+                    tensor.data = torch.empty_strided(
+                        came.shape, came.stride(), dtype=came.dtype, device=tensor.device
+                    )
                 tensor.copy_(came)
         hold(self.module)
         # Watched from here, so a worker sees its forward change the state it loaded (a

@@ -243,6 +243,19 @@ class WeightNormed(nn.Module):
         return self.linear(x)
 
 
+class Convolved(nn.Module):
+    """Two convolutions, which pick their path (and the layout of what they answer) by the
+    memory format of their weights as of their input."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.first = nn.Conv2d(channels, channels, 3, padding=1)
+        self.second = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.second(self.first(x).relu())
+
+
 class Counting(nn.Module):
     """Counts its calls in a buffer its forward updates, and adds the count to its answer
     (as a running statistic or a step would)."""

@@ -49,6 +49,7 @@ from somatize_torch import ModuleNode, StateDoesNotFit, freeze, is_held
 from tests import broker_nodes
 from tests.broker_nodes import (
     LOADED,
+    Convolved,
     Counting,
     Doubled,
     Doubled2,
@@ -1698,6 +1699,24 @@ def test_a_module_under_the_older_weight_norm_runs_on_a_network_worker() -> None
     freeze(g)
     assert torch_equal(g.forward(x, broker=broker), g.forward(x))
     assert torch_equal(g.forward(x), enc.module(Ramp(4).forward(x, None)))
+
+
+def test_a_module_in_channels_last_runs_so_on_a_network_worker() -> None:
+    """A frozen conv whose weights were put in channels_last here
+    (``module.to(memory_format=torch.channels_last)``) computes in channels_last on a
+    network worker too, and answers in the layout it answers here: the worker copied the
+    weights into the contiguous ones it built, so its convolutions took the other path and
+    answered in C order, where a kernel may round otherwise."""
+    torch.manual_seed(0)
+    enc = ModuleNode.build(Convolved, 4)
+    enc.module.to(memory_format=torch.channels_last)
+    g = Graph.somatize(Echo().named("s") >> enc.named("enc").frozen().at("w1"))
+    freeze(g)
+    x = torch.randn(2, 4, 5, 5)
+    out = g.forward(x, broker=Broker.embedded({"w1": Worker.generic(mode="network")}))
+    here = enc.module(x)
+    assert here.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out, here) and out.stride() == here.stride()
 
 
 def test_a_frozen_module_crosses_once_and_stays_loaded() -> None:
