@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import decimal
-import dis
 import enum
 import fractions
 import functools
@@ -26,7 +25,6 @@ import pathlib
 import sys
 import sysconfig
 import types
-import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +39,7 @@ from somatize import canonical
 from somatize._arrays import looked_at as _looked_at
 from somatize._arrays import same_array as _same_array
 from somatize.canonical import NotCanonical
-from somatize.catalog import code_digest
+from somatize.catalog import code_digest, globals_read
 from somatize_torch._modes import outside_compiled
 from somatize_torch.digest import digest_tensor
 
@@ -260,7 +258,7 @@ class SettingsWatch:
         # by identity: the key names those but modules (:func:`_globals_of`); torch's own
         # functions' are their own.
         for function in itertools.filterfalse(_library, functions):
-            for name in _names_read(function.__code__):
+            for name in globals_read(function.__code__):
                 owners.append(function.__globals__)
                 names.append(name)
                 values.append(function.__globals__.get(name))
@@ -975,28 +973,6 @@ def _helpers_of(function: types.FunctionType) -> list[types.FunctionType]:
     return list(found.values())
 
 
-def _names_read(code: types.CodeType) -> tuple[str, ...]:
-    """The names ``code`` reads (or writes) as globals — not those it reads as attributes
-    (``t.data``), which a module-level value of the same name does not change — and those
-    the code it holds (a lambda, a comprehension) reads in turn."""
-    found = _READ.get(code)
-    if found is None:
-        names = {str(one.argval) for one in dis.get_instructions(code) if one.opname in _GLOBAL_OPS}
-        for held in code.co_consts:
-            if isinstance(held, types.CodeType):
-                names.update(_names_read(held))
-        found = _READ[code] = tuple(sorted(names))
-    return found
-
-
-_GLOBAL_OPS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
-"""The instructions that name a global (or, in a class body, a name of its module)."""
-
-
-_READ: weakref.WeakKeyDictionary[types.CodeType, tuple[str, ...]] = weakref.WeakKeyDictionary()
-"""What :func:`_names_read` found of each code object it was asked of, while it lives."""
-
-
 def _globals_of(function: types.FunctionType) -> dict[str, Any]:
     """The globals ``function`` reads, by name, but modules: values (``SCALE = 2.0``, a
     list, a config, a tensor) and the functions, classes and built-ins a name is bound to
@@ -1009,7 +985,7 @@ def _globals_of(function: types.FunctionType) -> dict[str, Any]:
     table = function.__globals__
     return {
         name: table[name]
-        for name in _names_read(function.__code__)
+        for name in sorted(globals_read(function.__code__))
         if name in table and not isinstance(table[name], types.ModuleType)
     }
 

@@ -80,11 +80,62 @@ class Bound(Normed):
 """
 
 
+NAMED_AS_ATTRIBUTES_CELL = """
+import torch
+from torch import nn
+
+
+class Enc(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return torch.tanh(self.lin(x))
+
+
+class Towered(nn.Module):
+    def __init__(self, encoder, tower):
+        super().__init__()
+        self.encoder = encoder
+        self.tower = tower
+
+    def forward(self, x, t):
+        return self.encoder(x) + self.tower(t)
+
+
+class Encoded(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.tower = nn.Linear(4, 4)
+        self.enc = Enc()
+
+    def forward(self, x):
+        return self.enc(self.tower(x))
+
+
+encoder = Enc()
+enc = Enc()
+lin = nn.Linear(3, 3)
+"""
+
+
 def normed_cell(monkeypatch: pytest.MonkeyPatch, name: str) -> Any:
     """The cell run as the module ``name``: ``Normed``'s forward calls ``NORM``, a global of
     the cell, and ``HeadOnNormed`` holds a ``Normed`` as its encoder."""
+    return _cell(monkeypatch, name, NORMED_CELL)
+
+
+def named_as_attributes_cell(monkeypatch: pytest.MonkeyPatch, name: str) -> Any:
+    """The cell run as the module ``name``: it holds modules in globals bearing the names of
+    attributes its classes' forwards read (``encoder``, ``enc``, ``lin``), which no forward
+    reads as a global."""
+    return _cell(monkeypatch, name, NAMED_AS_ATTRIBUTES_CELL)
+
+
+def _cell(monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> Any:
     cell = types.ModuleType(name)
-    exec(compile(NORMED_CELL, "<cell>", "exec"), vars(cell))
+    exec(compile(text, "<cell>", "exec"), vars(cell))
     monkeypatch.setitem(sys.modules, cell.__name__, cell)
     return cell
 

@@ -874,6 +874,51 @@ def _hundredfold(x: int) -> int:
     return 100 * x
 
 
+_ATTRIBUTE_NAMED = """
+import random
+
+from somatize import Node
+
+class Drawer:
+    def __init__(self):
+        self.draws = random.Random()
+
+    def run(self, x):
+        return x
+
+class Doubler:
+    def run(self, x):
+        return 2 * x
+
+class ReadsItsOwn(Node):
+    def __init__(self):
+        super().__init__()
+        self.helper = Doubler()
+
+    def forward(self, x, ctx):
+        return self.helper.run(x)
+
+helper = Drawer()
+"""
+
+
+def test_a_global_named_as_an_attribute_a_node_reads_is_not_in_its_fingerprint(
+    tmp_path: Path,
+) -> None:
+    """A global of a node's module bearing the name of an attribute its code reads
+    (``self.helper`` beside ``helper = Drawer()``, an object marked by which object it is)
+    is no global that code reads: the node's fingerprint is the same in two fresh processes,
+    and the same as with no such global — not one of each process, which kept answers were
+    taken as computed by other code for."""
+    without = _ATTRIBUTE_NAMED.replace("helper = Drawer()", "")
+    for folder, text in [("with", _ATTRIBUTE_NAMED), ("without", without)]:
+        (tmp_path / folder).mkdir()
+        _package(tmp_path / folder, "named", nodes=text)
+    first = _fingerprints_in(tmp_path / "with", "named.nodes", "ReadsItsOwn")
+    assert _fingerprints_in(tmp_path / "with", "named.nodes", "ReadsItsOwn") == first
+    assert _fingerprints_in(tmp_path / "without", "named.nodes", "ReadsItsOwn") == first
+
+
 _HELPER_CLASS = """
 from somatize import Node
 

@@ -44,7 +44,7 @@ from somatize_torch.rows import (
     prefill,
 )
 from somatize_torch.wrap import CachedInputNeedsGrad
-from tests.global_modules import CHANGES, normed_cell, scaled
+from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, scaled
 
 
 def encoder(seed: int = 0) -> nn.Module:
@@ -3126,6 +3126,21 @@ def test_a_torch_module_in_a_global_the_forward_calls_keys_rows_by_its_weights(
     again = cache_rows(cached.module, store=store)
     assert torch.allclose(again(x), first * 3.0)
     assert again.stats.computed == 5
+
+
+def test_a_global_named_as_an_attribute_the_forward_reads_does_not_key_rows(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module in a global bearing the name of an attribute the module's forward reads
+    (``lin = nn.Linear(3, 3)`` beside ``self.lin``) is none the forward computes with: its
+    weights changed, the rows kept are recalled, not every row computed again."""
+    cell = named_as_attributes_cell(monkeypatch, "tests.rows_named_cell")
+    cached = cache_rows(cell.Enc(), store=store)
+    x = torch.randn(5, 4)
+    first = cached(x)
+    scaled(cell.lin, 2.0)
+    assert torch.equal(cached(x), first)
+    assert cached.stats.computed == 5
 
 
 def test_a_torch_module_in_a_global_made_again_with_other_weights_keys_rows_anew(

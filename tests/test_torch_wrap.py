@@ -52,7 +52,7 @@ from somatize_torch import _cached
 from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
-from tests.global_modules import CHANGES, normed_cell, scaled
+from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, scaled
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -9427,6 +9427,60 @@ def test_a_torch_module_the_cached_part_computes_with_but_does_not_hold_keys_its
         assert wrapped.graph.record is not None
         assert wrapped.graph.record.outcome["encoder"] == "ran"
         assert not torch.equal(model(x), first)
+
+
+def test_a_copy_of_a_wrapped_model_whose_part_a_global_of_its_name_holds_goes_on_after_training(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A wrapped model whose forward reads ``self.encoder``, its encoder held in a global
+    named ``encoder`` too (``encoder = Enc(); model = M(encoder, tower)``), copied for an
+    average of its weights (``ema = copy.deepcopy(wrapped)``): a step of training of the
+    model's encoder changes no code the copy reads — the forward reads no global
+    ``encoder`` —, and the copy answers what its own model does, where it was refused as if
+    ``encoder`` had been set on its class."""
+    cell = named_as_attributes_cell(monkeypatch, "tests.wrap_named_cell")
+    model = cell.Towered(cell.encoder, nn.Linear(4, 4))
+    wrapped = smt.wrap(model, frozen=["tower"], cached=["tower"], store=store)
+    smt.freeze(wrapped)
+    x, t = torch.randn(3, 4), torch.randn(3, 4)
+    wrapped(x, t)
+    ema = copy.deepcopy(wrapped)
+    ema(x, t)
+    optimizer = torch.optim.SGD(cell.encoder.parameters(), lr=0.1)
+    wrapped(x, t).sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        assert torch.equal(ema(x, t), ema.model(x, t))
+        assert not torch.equal(ema(x, t), model(x, t))
+
+
+_UNRELATED_CHANGES: dict[str, Callable[[nn.Module], object]] = {
+    "mode": lambda module: module.eval(),
+    "weights": lambda module: scaled(module.lin, 2.0),
+    "attribute": lambda module: setattr(module, "note", 3),
+}
+"""Each way a module held in a global is changed: none changes code that reads no global of
+its name."""
+
+
+@pytest.mark.parametrize("change", list(_UNRELATED_CHANGES))
+def test_a_global_named_as_an_attribute_the_forward_reads_is_no_global_it_reads(
+    store: Store, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A module in a global that is no part of the model (``enc = Enc()``) but bears the
+    name of an attribute the model's forward reads (``self.enc``) is none the forward
+    reads: put in eval, given other weights or an attribute, it leaves the wrapped model
+    answering what the model does, where it was refused as if ``enc`` had been set on the
+    model's class."""
+    cell = named_as_attributes_cell(monkeypatch, "tests.wrap_named_cell")
+    model = cell.Encoded()
+    wrapped = smt.wrap(model, frozen=["tower"], cached=["tower"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        wrapped(x)
+        _UNRELATED_CHANGES[change](cell.enc)
+        assert torch.equal(wrapped(x), model(x))
 
 
 class Noisy(nn.Module):

@@ -92,6 +92,7 @@ those listed before it (where one needs a later one, the function that does impo
 - :mod:`~somatize.catalog._watch`: :func:`watch_code` and what a graph looks at each forward.
 """
 
+from somatize.catalog._bytecode import globals_read
 from somatize.catalog._code import code_digest
 from somatize.catalog._fingerprint import fingerprint_of
 from somatize.catalog._rebuild import (
@@ -126,6 +127,7 @@ __all__ = [
     "code_changes",
     "code_digest",
     "fingerprint_of",
+    "globals_read",
     "held_at",
     "identity_of",
     "marks_moved",

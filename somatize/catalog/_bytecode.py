@@ -576,3 +576,30 @@ def _names_in(code: CodeType) -> set[str]:
         if isinstance(constant, CodeType):
             names |= _names_in(constant)
     return names
+
+
+def globals_read(code: CodeType) -> frozenset[str]:
+    """The names ``code`` reads (or assigns, or deletes) as globals, and the code it holds
+    (a lambda, a comprehension, a function defined in it) in turn — not those it reads as
+    attributes (``self.encoder``, ``tools.double``: ``tools`` alone), which its code's
+    names (``co_names``) hold too, so that a global of the same name is none it reads.
+    Worked out once per code object (:data:`_GLOBALS_READ`)."""
+    found = _GLOBALS_READ.get(code)
+    if found is None:
+        found = _GLOBALS_READ[code] = frozenset(_named_by(code, _GLOBAL_STEPS))
+    return found
+
+
+_GLOBAL_STEPS = (*_GLOBAL_LOADS, "LOAD_FROM_DICT_OR_GLOBALS", "STORE_GLOBAL", "DELETE_GLOBAL")
+"""The steps that name a global: read (in a class body, or an annotation's scope from
+Python 3.12, through its own names first), assigned or deleted."""
+
+
+_GLOBALS_READ: weakref.WeakKeyDictionary[CodeType, frozenset[str]] = weakref.WeakKeyDictionary()
+"""A code object → the names it reads as globals (:func:`globals_read`)."""
+
+
+def _attributes_read(code: CodeType) -> set[str]:
+    """The names ``code``, and its nested code, reads as attributes (``tools.double``:
+    ``double``)."""
+    return _named_by(code, ("LOAD_ATTR", "LOAD_METHOD"))

@@ -24,10 +24,11 @@ from typing import Any, NamedTuple
 
 from somatize.catalog._bytecode import (
     _GLOBAL_LOADS,
+    _attributes_read,
     _fillers,
-    _names_in,
     _stored_in,
     _tables_changed_by,
+    globals_read,
 )
 from somatize.catalog._code import (
     _as_imported,
@@ -210,12 +211,12 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     while queue:
         function = queue.pop()
         module, space = function.__module__, function.__globals__
-        reader = weakref.ref(function)
-        stored.update((module, name) for name in _stored_in(function.__code__))
-        names = _names_in(function.__code__)
+        reader, code = weakref.ref(function), function.__code__
+        stored.update((module, name) for name in _stored_in(code))
+        names = globals_read(code)  # not `self.encoder`: no global `encoder` is read
         held = {n for n in names if type(space.get(n)) in _CONTAINERS}
         if held:
-            changed = _tables_changed_by(function.__code__, held, _GLOBAL_LOADS)
+            changed = _tables_changed_by(code, held, _GLOBAL_LOADS)
             filled.update((module, name) for name in changed)
         reads = [(module, space, reader, name) for name in sorted(names)]
         for closed in _held_functions(function):
@@ -314,9 +315,8 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 within = _reader_in(value)
                 if within is not None and id(there) not in seen:
                     seen.add(id(there))
-                    reads += (
-                        (value.__name__, there, within, n) for n in sorted(names & there.keys())
-                    )
+                    read = _attributes_read(code) & there.keys()  # `tools.double`
+                    reads += ((value.__name__, there, within, n) for n in sorted(read))
     for place, value in tables.items():
         module, name = place
         made = _assignment(*_written_at(module, name, value))
