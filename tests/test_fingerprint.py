@@ -833,6 +833,37 @@ def test_a_helper_of_another_module_of_its_package_is_in_a_node_s_fingerprint(
     assert fingerprints() == was
 
 
+def test_each_name_a_node_s_functions_read_in_a_module_of_its_package_is_in_its_fingerprint(
+    tmp_path: Path,
+) -> None:
+    """A node whose forward reads a name of another module of its package
+    (``tools.double``) and whose other method reads another there (``tools.triple``) has
+    both in its fingerprint: either given other code in that module's source is another
+    fingerprint, where only the names the first function looked at were followed, and an
+    answer of the old code was recalled for the other's."""
+    tools = "def double(x):\n    return 2 * x\n\ndef triple(x):\n    return 3 * x\n"
+    package = _package(
+        tmp_path,
+        "twoproj",
+        tools=tools,
+        nodes="""
+        from somatize import Node
+        from twoproj import tools
+
+        class ReadsTwo(Node):
+            def forward(self, x, ctx):
+                return tools.double(x) + self.other(x)
+
+            def other(self, x):
+                return tools.triple(x)
+        """,
+    )
+    was = _fingerprints_in(tmp_path, "twoproj.nodes", "ReadsTwo")
+    for edited in (tools.replace("2 *", "5 *"), tools.replace("3 *", "5 *")):
+        _write(package / "tools.py", edited)
+        assert _fingerprints_in(tmp_path, "twoproj.nodes", "ReadsTwo") != was, edited
+
+
 def test_a_helper_of_its_package_replaced_by_a_fake_is_seen(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -219,6 +219,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
             changed = _tables_changed_by(code, held, _GLOBAL_LOADS)
             filled.update((module, name) for name in changed)
         reads = [(module, space, reader, name) for name in sorted(names)]
+        modules: set[int] = set()  # each module of its package it reads names in, once
         for closed in _held_functions(function):
             # what a decorator wraps (`functools.wraps`), a function taken by default: what
             # it names is followed too
@@ -313,8 +314,8 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 # a module of its package whose names the code reads (`tools.double(x)`)
                 there = vars(value)
                 within = _reader_in(value)
-                if within is not None and id(there) not in seen:
-                    seen.add(id(there))
+                if within is not None and id(there) not in modules:
+                    modules.add(id(there))
                     read = _attributes_read(code) & there.keys()  # `tools.double`
                     reads += ((value.__name__, there, within, n) for n in sorted(read))
     for place, value in tables.items():
