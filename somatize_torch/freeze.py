@@ -60,7 +60,13 @@ from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.node import attributes_of, restates, sees_state
 from somatize_torch._precision import Named, precision_on
 from somatize_torch._settings import SettingsWatch, _configs_in, hooks_of, settings_of
-from somatize_torch._state import StateWatch, _state_tensors, digest_state, modules_read
+from somatize_torch._state import (
+    Read,
+    StateWatch,
+    _state_tensors,
+    digest_state,
+    modules_read,
+)
 from somatize_torch.codec import TENSOR, LandedOnHost
 
 if TYPE_CHECKING:
@@ -558,8 +564,11 @@ class ModuleNode(Node):
     def state_bytes(self) -> bytes:
         """The module's parameters and buffers by name, as ``tensor`` codec bytes: their
         values, detached (the codec writes plain tensors, and :meth:`load_state` copies
-        values into the module's own parameters)."""
-        state = {name: t.detach() for name, t in _state_tensors(self.module).items()}
+        values into the module's own parameters); and those of each module it computes
+        with beyond its own parts (:func:`~somatize_torch._state.modules_read`), which its
+        state digest reads too, under the name it is read as."""
+        tensors = _state_tensors(self.module, _modules_read(self.module))
+        state = {name: t.detach() for name, t in tensors.items()}
         return b"".join(TENSOR.encode(state))
 
     def load_state(self, data: memoryview) -> str:
@@ -568,13 +577,18 @@ class ModuleNode(Node):
         tensor sent in another floating-point (or complex) dtype than the module built here
         holds — the client's module was converted, ``encoder.double()`` — is converted
         here first, as ``module.to(dtype)`` would, and one laid out in another order of its
-        dims (channels_last) is laid out so here; any other difference is StateDoesNotFit."""
+        dims (channels_last) is laid out so here; any other difference is StateDoesNotFit.
+        The tensors of a module it computes with beyond its own parts are copied into the
+        one it reads here (a global of its module, one a partial it keeps binds), which its
+        constructor does not give the client's weights; whether they require grad is left
+        as it is there (in this very process, they are the client's own)."""
         with warnings.catch_warnings():
             # Where the tensors lived does not matter: they are copied into the module.
             warnings.simplefilter("ignore", LandedOnHost)
             sent = TENSOR.decode(data)
         kind = type(self.module).__qualname__
-        mine = _state_tensors(self.module)
+        read = _modules_read(self.module)
+        mine = _state_tensors(self.module, read)
         if not isinstance(sent, dict) or set(sent) != set(mine):
             got = sorted(sent) if isinstance(sent, dict) else type(sent).__name__
             raise StateDoesNotFit(
@@ -636,7 +650,7 @@ class ModuleNode(Node):
         hooks = hooks_of(self.module)
         if hooks:  # only then, so a module without hooks keeps the key it had
             declared["hooks"] = hooks
-        read = modules_read(self.module, classes_of(self.module)).found
+        read = _modules_read(self.module)
         if read:  # only then, so the usual key does not change
             declared["read"] = {one.label: _declared_read(one.module) for one in read}
         if self._keys_precision:
@@ -745,6 +759,12 @@ class ModuleNode(Node):
     def __repr__(self) -> str:
         name = self._smz.name
         return f"<ModuleNode {type(self.module).__qualname__}{f' {name!r}' if name else ''}>"
+
+
+def _modules_read(module: nn.Module) -> tuple[Read, ...]:
+    """The modules ``module`` computes with beyond its own parts
+    (:func:`~somatize_torch._state.modules_read`)."""
+    return modules_read(module, classes_of(module)).found
 
 
 def _declared_read(module: nn.Module) -> dict[str, Any]:

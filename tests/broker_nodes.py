@@ -3,6 +3,7 @@ process can import them."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -268,6 +269,43 @@ class Counting(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         return self.linear(x) + self.calls
+
+
+def _applied(parts: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
+    for part in parts:
+        x = part(x)
+    return x
+
+
+class Projected(nn.Module):
+    """A linear layer, then one a partial it keeps binds: no part of the module, so its
+    constructor draws weights of its own for it in each process that builds it."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, 3)
+        self.then = functools.partial(_applied, [nn.Linear(3, 3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.then(self.linear(x))
+        return out
+
+
+NORM = nn.LayerNorm(3)
+"""A module of torch's own classes a node's module reads from a global, trainable."""
+
+
+class Normed(nn.Module):
+    """A linear layer, then the global ``NORM``: the same object on a worker in this
+    process, one of its own in another."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = NORM(self.linear(x))
+        return out
 
 
 class Recurrent(nn.Module):

@@ -65,8 +65,10 @@ from tests.broker_nodes import (
     Meet,
     Nap,
     Nested,
+    Normed,
     Overlap,
     Picks,
+    Projected,
     RaisesUnprintable,
     Ramp,
     Recurrent,
@@ -628,6 +630,51 @@ def test_a_module_that_changes_its_state_as_it_runs_is_loaded_again(store: Store
         sent.append(_state_crossings(seen))
     assert sent[:2] == [[len(enc.state_bytes())]] * 2 and sent[2] == []  # the third recalled
     assert torch_equal(fresh.forward(x, store=store), expected)
+
+
+def test_a_module_a_partial_binds_crosses_to_a_network_worker_with_its_weights(
+    store: Store,
+) -> None:
+    """A frozen module computing with a module a partial it keeps binds, no part of it,
+    answers on a network worker as in this process: the weights of that module, in its
+    state digest, cross with the module's own, and are loaded into the copy the worker
+    built. They did not cross, so the worker's copy (drawn by its constructor)
+    was refused with a StateMismatch saying to freeze the graph again, which could never
+    help."""
+    torch.manual_seed(0)
+    enc = ModuleNode.build(Projected, 3)
+    g = Graph.somatize(
+        Ramp(3).named("rows").frozen() >> enc.named("enc").frozen().cached().at("w1")
+    )
+    freeze(g)
+    x = {"at": 0, "take": 2}
+    with torch.no_grad():
+        expected = enc.module(Ramp(3).forward(x, None))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with torch.no_grad():  # the module the partial binds is trainable, as without a broker
+        assert torch_equal(g.forward(x, broker=broker, store=store), expected)
+    here = Graph.somatize(Ramp(3).named("rows").frozen() >> enc.named("enc").frozen().cached())
+    assert torch_equal(here.forward(x, store=store), expected)
+
+
+def test_a_worker_in_this_process_leaves_a_global_module_it_reads_as_it_was(
+    store: Store,
+) -> None:
+    """A network worker in this process loads the weights of a module its node's module
+    reads from a global into that very global, the client's own: it is left trainable, as
+    the client has it, and the answer is the client's."""
+    torch.manual_seed(0)
+    enc = ModuleNode.build(Normed, 3)
+    g = Graph.somatize(
+        Ramp(3).named("rows").frozen() >> enc.named("enc").frozen().cached().at("w1")
+    )
+    freeze(g)
+    x = {"at": 0, "take": 2}
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with torch.no_grad():
+        expected = enc.module(Ramp(3).forward(x, None))
+        assert torch_equal(g.forward(x, broker=broker, store=store), expected)
+    assert all(p.requires_grad for p in broker_nodes.NORM.parameters())
 
 
 def test_a_worker_keeps_one_copy_of_a_node_whose_list_changes_between_forwards() -> None:
