@@ -94,10 +94,21 @@ def gradient_cut(value: torch.Tensor) -> str:
     ``torch.no_grad()`` too, though not under ``torch.inference_mode()``."""
     if value.requires_grad and torch.is_grad_enabled():
         return "requires grad"
-    if (
+    if carries_tangent(value):
+        return f"carries {TANGENT}"
+    return ""
+
+
+TANGENT = "a forward-mode tangent (`torch.autograd.forward_ad.make_dual`)"
+"""How a message names what :func:`carries_tangent` looks for."""
+
+
+def carries_tangent(value: torch.Tensor) -> bool:
+    """Whether ``value`` carries a forward-mode tangent that flows through what reads it
+    (``forward_ad.make_dual``): under ``torch.no_grad()`` too, not under
+    ``torch.inference_mode()``. A recalled answer would carry none."""
+    return (
         forward_ad._current_level >= 0
         and not torch.is_inference_mode_enabled()
         and forward_ad.unpack_dual(value).tangent is not None  # type: ignore[no-untyped-call]
-    ):
-        return "carries a forward-mode tangent (`torch.autograd.forward_ad.make_dual`)"
-    return ""
+    )

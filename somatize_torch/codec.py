@@ -92,6 +92,7 @@ from somatize.errors import SomatizeWarning
 from somatize_torch._codec_header import _FORMAT, _ITEMSIZE, _LEN, _head, _header
 from somatize_torch._codec_header import row_layout as row_layout
 from somatize_torch._codec_tree import _built, _is_tensor, _Refused, _shape, _unwritable
+from somatize_torch._errors import TANGENT, carries_tangent
 from somatize_torch.digest import DTYPES, digest_named, digest_tensor, host_bytes, memory_of
 
 __all__ = ["TENSOR", "LandedOnHost", "TensorCodec", "register"]
@@ -308,23 +309,33 @@ class TensorCodec(Codec):
 
 def _refuse_grad(kind: str, tensors: dict[str, torch.Tensor], action: str) -> None:
     """CodecError when a tensor of a value of ``kind`` (its ``tensors`` by name) requires
-    grad. A written one would come back a leaf that does not, and a weighed one keys an
-    answer that would: either way the gradient through what made the tensor flows when the
-    answer is computed and silently stops when it is recalled."""
+    grad, or carries a forward-mode tangent (:func:`~somatize_torch._errors.carries_tangent`).
+    A written one would come back a leaf that does not, and a weighed one keys an answer
+    that would: either way the gradient through what made the tensor (or its tangent)
+    flows when the answer is computed and silently stops when it is recalled."""
     named = next((name for name, t in tensors.items() if t.requires_grad), None)
-    if named is None:
-        return
-    what = f"{_which(kind, named)} a tensor that requires grad"
-    do = (
-        "Compute it under `torch.no_grad()`, or `.detach()` it, where no gradient is meant to "
-        "pass; or do not cache a node that is trained through"
-        if action == "write"
-        else "Hand its values (`x.detach()`) where no gradient is meant to reach what made it; "
-        "or do not cache the nodes it is handed to"
-    )
+    if named is not None:
+        what, flowing = f"{_which(kind, named)} a tensor that requires grad", "the gradient"
+        do = (
+            "Compute it under `torch.no_grad()`, or `.detach()` it, where no gradient is "
+            "meant to pass; or do not cache a node that is trained through"
+            if action == "write"
+            else "Hand its values (`x.detach()`) where no gradient is meant to reach what "
+            "made it; or do not cache the nodes it is handed to"
+        )
+    else:
+        named = next((name for name, t in tensors.items() if carries_tangent(t)), None)
+        if named is None:
+            return
+        what, flowing = f"{_which(kind, named)} a tensor that carries {TANGENT}", "its tangent"
+        do = (
+            "Hand its values (`x.detach()`, which drops the tangent, or "
+            "`forward_ad.unpack_dual(x).primal`) where no tangent is meant to pass, or take "
+            "the jvp through nodes that are not cached"
+        )
     raise CodecError(
         f"the `tensor` codec does not {action} this value: {what}, and a recalled answer is a "
-        "leaf, so the gradient through what made it would flow when the answer is computed "
+        f"leaf, so {flowing} through what made it would flow when the answer is computed "
         f"and silently stop when it is recalled. {do}"
     )
 

@@ -19,6 +19,7 @@ import pytest
 import safetensors.torch
 import torch
 from torch import nn
+from torch.autograd import forward_ad
 
 import somatize.torch as smt
 from somatize import CODECS, CodecError, Graph, Node, Opaque, Store
@@ -140,6 +141,25 @@ def test_a_cached_node_handed_or_answering_a_tensor_that_requires_grad_is_refuse
     with pytest.raises(CodecError, match="requires grad"):
         trained.forward(Opaque(torch.ones(3)), store=store)
     assert trained.record is not None and trained.record.outcome == {"trained": "failed"}
+
+
+def test_a_cached_node_handed_a_tensor_carrying_a_forward_mode_tangent_is_refused(
+    store: Store,
+) -> None:
+    """A cached node handed ``Opaque(x)`` of a dual tensor (``forward_ad.make_dual``) is
+    refused before anything is kept, under ``torch.no_grad()`` too, where tangents flow:
+    the answer computed carried the jvp and the one recalled carried none
+    (``unpack_dual(out).tangent`` None). Its values, the tangent dropped, are cached."""
+    g = Graph.somatize(Doubled().named("double").frozen().cached())
+    x = torch.ones(3)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(x, torch.ones(3))
+        for grad in (True, False):
+            with torch.set_grad_enabled(grad), pytest.raises(CodecError, match="tangent"):
+                g.forward(Opaque(dual), store=store)
+        assert torch.equal(g.forward(Opaque(dual.detach()), store=store), torch.full((3,), 2.0))
+    with pytest.raises(CodecError, match=r"tangent.*unpack_dual"), forward_ad.dual_level():
+        smt.TENSOR.encode(forward_ad.make_dual(x, torch.ones(3)))
 
 
 @pytest.mark.parametrize(
