@@ -42,6 +42,7 @@ from somatize.broker import (
     UnknownWorker,
     Worker,
 )
+from somatize.broker.host import Host, held_state
 from somatize.catalog import Blueprint, blueprint_of
 from somatize.data import settle
 from somatize.node import held_by
@@ -655,6 +656,45 @@ def test_a_module_a_partial_binds_crosses_to_a_network_worker_with_its_weights(
         assert torch_equal(g.forward(x, broker=broker, store=store), expected)
     here = Graph.somatize(Ramp(3).named("rows").frozen() >> enc.named("enc").frozen().cached())
     assert torch_equal(here.forward(x, store=store), expected)
+
+
+def test_a_copy_whose_global_module_another_copy_loaded_is_loaded_again(store: Store) -> None:
+    """A worker keeping copies of a node at two states that differ by the weights of a
+    module its module reads from a global (two graphs, or two clients whose globals were
+    drawn apart) holds that global once: loading the second state into it changed what
+    the first copy computes with. The first copy was kept and answered, under its state's
+    key, with the second's weights; it is now loaded again, and answers as its state says."""
+    torch.manual_seed(0)
+    enc = ModuleNode.build(Normed, 3)
+    g = Graph.somatize(
+        Ramp(3).named("rows").frozen() >> enc.named("enc").frozen().cached().at("w1")
+    )
+    freeze(g)
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    x = {"at": 0, "take": 2}
+    with torch.no_grad():
+        g.forward(x, broker=broker, store=store)
+        rows = Ramp(3).forward(x, None)
+        expected = enc.module(rows)
+    blueprint = broker._blueprint(g, "enc").to_bytes()
+    first, data = held_state(g, "enc"), enc.state_bytes()
+    weight = broker_nodes.NORM.weight.detach().clone()
+    try:
+        with torch.no_grad():
+            broker_nodes.NORM.weight.mul_(2)
+        freeze(g)
+        second, other = held_state(g, "enc"), enc.state_bytes()
+        host = Host("w9", apart=True)  # its global is the client's here: loaded in turn
+        host.node(blueprint, first, data, name="enc", holder="a")
+        host.node(blueprint, second, other, name="enc", holder="b")
+        assert host.node(blueprint, first, name="enc", holder="a") is None  # its state, again
+        again = host.node(blueprint, first, data, name="enc", holder="a")
+        assert again is not None
+        with torch.no_grad():
+            assert torch_equal(again.module(rows), expected)
+    finally:
+        with torch.no_grad():
+            broker_nodes.NORM.weight.copy_(weight)
 
 
 def test_a_worker_in_this_process_leaves_a_global_module_it_reads_as_it_was(

@@ -369,6 +369,16 @@ def _written_as(node: Node, fingerprint: str | None) -> bool:
     return fingerprint is None or fingerprint_of(*node.implementing_classes()) == fingerprint
 
 
+def _moved_from(node: Node, state: str) -> bool:
+    """Whether ``node``, loaded at ``state``, holds another state now
+    (:meth:`~somatize.node.Node.restate`)."""
+    try:
+        now = node.restate()
+    except Exception:
+        return True  # whatever it holds now, it is not what was loaded
+    return now is not None and now != state
+
+
 class Host:
     """A worker's side of network crossings: rebuilt nodes, kept loaded between jobs."""
 
@@ -473,6 +483,12 @@ class Host:
             if found is not None and not _written_as(found, fingerprint):
                 self._forget(blueprint)  # built from a class since redefined (a notebook)
                 found = None
+            if found is not None and state is not None and _moved_from(found, state):
+                # Loaded at `state`, it holds another now: a module it reads beyond its own
+                # (a global of its file), which each copy reads, was loaded since for a
+                # copy at another state (another graph's, another client's).
+                self._drop(found)
+                found = None
             if found is None:
                 if state is not None and data is None:
                     return None
@@ -534,12 +550,7 @@ class Host:
             name not in holds and digest != _NONE for name, digest in before
         )
         if not changed and state is not None:
-            try:
-                now = node.restate()
-            except Exception:
-                changed = True  # whatever it holds now, it is not what was loaded
-            else:
-                changed = now is not None and now != state
+            changed = _moved_from(node, state)
         if changed:
             self._drop(node)
 
