@@ -11,8 +11,9 @@ more than one way.
 
 A module whose code reads another module from a name of its module (``NORM =
 nn.LayerNorm(3)``, called by its forward: a :class:`Read`), or from a list or dict such
-a name holds, or that keeps a partial binding one, computes with that module's weights
-as much as with its own, so they are digested with its state, under the name read
+a name holds, or that keeps a partial binding one, or one in a plain list, tuple or dict
+(``self.extra = [nn.LayerNorm(3)]``, which torch does not register), computes with that
+module's weights as much as with its own, so they are digested with its state, under the name read
 (``cells:NORM.weight``), and watched with it (:class:`Reads`: what leads to each, too):
 only where it has such, so the usual digest does not change. Its settings and modes are
 in the module's declaration (:mod:`somatize_torch.freeze`).
@@ -49,8 +50,8 @@ class Read(NamedTuple):
     label: str
     """Where it is read: ``module:name`` for a name of a module (``cells:NORM``), with
     where in the list, tuple or dict that name holds (``cells:NORMS[0]``); for one a
-    partial a part keeps binds, the part's attribute and where in the partial
-    (``f.args[0]``)."""
+    partial a part keeps binds, or a list, tuple or dict it keeps holds, the part's
+    attribute and where in it (``f.args[0]``, ``inner.extra[0]``)."""
     module: nn.Module
 
 
@@ -58,11 +59,22 @@ class Reads:
     """The modules :func:`modules_read` found (``found``), and what leads to each, to be
     asked cheaply whether that moved since (:meth:`moved`): each name, or attribute of a
     part, that holds one or a container of them, by what it holds; each list or dict on
-    the way (an empty one a name holds too), by its items, and each partial by its
-    function, arguments and keywords — so that a module replaced, added or taken out
-    (``NORMS[0] = other``, ``NORMS.append(...)``) is seen."""
+    the way, by its items, and each partial by its function, arguments and keywords — so
+    that a module replaced, added or taken out (``NORMS[0] = other``, ``NORMS.append(...)``)
+    is seen. A container that leads to no module yet (``NORMS = []``, ``self.extra = []``)
+    is watched for one coming to be in it, or in what its name holds then: one filled
+    with other values (a table a forward fills as it runs) is no move."""
 
-    __slots__ = ("_contents", "_held", "_names", "_owners", "_values", "found")
+    __slots__ = (
+        "_contents",
+        "_empty",
+        "_held",
+        "_names",
+        "_owners",
+        "_values",
+        "_waiting",
+        "found",
+    )
 
     def __init__(self) -> None:
         self.found: tuple[Read, ...] = ()
@@ -71,15 +83,21 @@ class Reads:
         self._values: list[Any] = []
         self._held: list[Any] = []
         self._contents: list[tuple[Any, ...]] = []
+        self._empty: list[Any] = []
+        self._waiting: list[tuple[dict[str, Any], str, Any, bool]] = []
 
     def moved(self) -> bool:
         """Whether a name or attribute, a container or a partial leading to a module found
-        holds something else now."""
-        if not self._owners:
-            return False
-        return not all(
-            map(operator.is_, map(dict.get, self._owners, self._names), self._values)
-        ) or not all(map(_same_items, map(_items_of, self._held), self._contents))
+        holds something else now, or one that led to none leads to one now."""
+        if self._owners and (
+            not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
+            or not all(map(_same_items, map(_items_of, self._held), self._contents))
+        ):
+            return True
+        return any(map(_leads, self._empty)) or any(
+            (now := space.get(name)) is not was and _leads(now, globally)
+            for space, name, was, globally in self._waiting
+        )
 
 
 NO_READS = Reads()
@@ -98,13 +116,31 @@ def _items_of(held: Any) -> tuple[Any, ...]:
     return tuple(held)
 
 
+def _leads(value: Any, globally: bool = True) -> bool:
+    """Whether ``value``, held by a name of a module (``globally``) or a part's attribute,
+    leads to a module as :func:`modules_read` follows it."""
+    return _reached(value, "", globally or _through(value), [], [], [], _DEPTH)
+
+
+def _through(value: Any) -> bool:
+    """Whether the modules a part's attribute holding ``value`` leads to are read: those
+    a plain list, tuple or dict holds, not only those a partial binds."""
+    return type(value) in _CONTAINERS
+
+
 def _reached(
-    value: Any, label: str, through: bool, found: list[Read], held: list[Any], depth: int
+    value: Any,
+    label: str,
+    through: bool,
+    found: list[Read],
+    held: list[Any],
+    empty: list[Any],
+    depth: int,
 ) -> bool:
     """Puts in ``found`` each module ``value`` is or holds (in a list, tuple or dict,
     ``depth`` deep, or bound by a partial) — where ``through``: else only those a partial
-    binds — and in ``held`` each list, dict and partial on the way to one (an empty one
-    where ``through``: what it comes to hold is read); whether any was."""
+    binds — in ``held`` each list, dict and partial on the way to one, and in ``empty``
+    each empty one where ``through`` (what it comes to hold is read); whether any was."""
     if isinstance(value, nn.Module):
         if through:
             found.append(Read(label, value))
@@ -123,14 +159,16 @@ def _reached(
         items = value.items()
     else:
         return False
-    reaches, empty = False, True
+    reaches, nothing = False, True
     for at, (key, one) in enumerate(items):
-        empty = False
+        nothing = False
         if type(one) not in _PLAIN:  # a table of plain values leads to no module
             where = label + _step(kind, at, key)
-            reaches = _reached(one, where, through, found, held, depth - 1) or reaches
-    if (reaches or (through and empty)) and kind is not tuple:
+            reaches = _reached(one, where, through, found, held, empty, depth - 1) or reaches
+    if kind is not tuple and reaches:
         held.append(value)
+    elif kind is not tuple and through and nothing:
+        empty.append(value)
     return reaches
 
 
@@ -144,6 +182,7 @@ def _step(kind: type, at: int, key: Any) -> str:
 
 
 _PLAIN = frozenset({str, bytes, int, float, bool, complex, type(None)})
+_CONTAINERS = frozenset({list, tuple, dict})
 
 
 def modules_read(module: nn.Module, classes: Iterable[type]) -> Reads:
@@ -154,20 +193,26 @@ def modules_read(module: nn.Module, classes: Iterable[type]) -> Reads:
     package's, named by the text that makes it), or from a list, tuple or dict such a name
     holds (``NORMS = [nn.LayerNorm(3)]``, nested a little); and one that a
     ``functools.partial`` a part keeps binds (``self.f = functools.partial(apply,
-    nn.Linear(3, 3))``), or a list, tuple or dict it binds holds."""
+    nn.Linear(3, 3))``), or a list, tuple or dict it binds holds, or a plain list, tuple
+    or dict a part keeps holds (``self.extra = [nn.LayerNorm(3)]``)."""
     own = {id(part) for part in module.modules()}
     reads = Reads()
     found: list[Read] = []
 
-    def look(space: dict[str, Any], name: str, label: str, through: bool) -> None:
+    def look(space: dict[str, Any], name: str, label: str, globally: bool) -> None:
         value = space.get(name)
-        held = len(reads._held)
-        # A container that leads to no module yet (`NORMS = []`) is watched by what the name
-        # holds too.
-        if _reached(value, label, through, found, reads._held, _DEPTH) or len(reads._held) > held:
+        empty = len(reads._empty)
+        # A list, tuple or dict a part keeps (`self.extra = [nn.LayerNorm(3)]`, which torch
+        # does not register) holds modules it computes with, as a partial it keeps does.
+        through = globally or _through(value)
+        if _reached(value, label, through, found, reads._held, reads._empty, _DEPTH):
             reads._owners.append(space)
             reads._names.append(name)
             reads._values.append(value)
+        elif len(reads._empty) > empty:
+            # A container that leads to no module yet (`NORMS = []`): what the name holds
+            # is watched too.
+            reads._waiting.append((space, name, value, globally))
 
     for space, name in objects_read(*classes):
         look(space, name, f"{space.get('__name__', '')}:{name}", True)

@@ -291,6 +291,19 @@ class Projected(nn.Module):
         return out
 
 
+class KeptInAList(nn.Module):
+    """A linear layer, then one it keeps in a plain list: no part of the module, so its
+    constructor draws weights of its own for it in each process that builds it."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, 3)
+        self.then = [nn.Linear(3, 3)]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _applied(self.then, self.linear(x))
+
+
 NORM = nn.LayerNorm(3)
 """A module of torch's own classes a node's module reads from a global, trainable."""
 

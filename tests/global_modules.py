@@ -1,6 +1,7 @@
 """A notebook cell whose module's forward calls a module of torch's own classes held in a
 global of the cell (``NORM = nn.LayerNorm(3)``), or in a list or dict a global holds, or
-that a partial the module keeps binds, for the tests of what keys such a module's weights,
+that a partial the module keeps binds, or in a plain list or dict the module or a part of
+it keeps (``self.extra = [nn.LayerNorm(3)]``), for the tests of what keys such a module's weights,
 settings and mode: those of a per-row cache, of a module node in a graph and of a wrapped
 model."""
 
@@ -77,6 +78,25 @@ class Bound(Normed):
 
     def forward(self, x):
         return self.then(self.linear(x))
+
+
+class Kept(Normed):
+    def __init__(self):
+        super().__init__()
+        self.extra = [nn.LayerNorm(3)]
+        self.by_name = {"drop": nn.Dropout(1.0).eval()}
+
+    def forward(self, x):
+        return self.by_name["drop"](applied(self.extra, self.linear(x)))
+
+
+class KeptInAPart(Normed):
+    def __init__(self):
+        super().__init__()
+        self.inner = Kept()
+
+    def forward(self, x):
+        return self.inner(x)
 """
 
 
@@ -150,6 +170,14 @@ def _bound(cell: Any) -> nn.Module:
     return cell.Bound(nn.ModuleList([nn.Linear(3, 3)]))
 
 
+def _kept(
+    change: Callable[[nn.Module], object],
+) -> tuple[Callable[[Any], nn.Module], Callable[[Any, nn.Module], object]]:
+    """A change to a module made as the cell's ``Kept``, which keeps modules in a plain list
+    and a plain dict of its own."""
+    return (lambda cell: cell.Kept(), lambda _, module: change(module))
+
+
 CHANGES: dict[str, tuple[Callable[[Any], nn.Module], Callable[[Any, nn.Module], object]]] = {
     "setting": (lambda cell: cell.Normed(), lambda cell, _: setattr(cell.NORM, "eps", 1.0)),
     "mode": (lambda cell: cell.Dropped(), lambda cell, _: cell.DROP.train()),
@@ -170,6 +198,20 @@ CHANGES: dict[str, tuple[Callable[[Any], nn.Module], Callable[[Any, nn.Module], 
     "replaced in what a partial binds": (
         _bound,
         lambda _, module: module.then.args[0].__setitem__(0, nn.Linear(3, 3)),
+    ),
+    "in a list the module keeps": _kept(lambda module: scaled(module.extra[0], 2.0)),
+    "setting in a list the module keeps": _kept(
+        lambda module: setattr(module.extra[0], "eps", 1.0)
+    ),
+    "mode in a dict the module keeps": _kept(lambda module: module.by_name["drop"].train()),
+    "replaced in a list the module keeps": _kept(
+        lambda module: module.extra.__setitem__(0, nn.LayerNorm(3, eps=1.0))
+    ),
+    "added to a list the module keeps": _kept(lambda module: module.extra.append(nn.Tanh())),
+    "taken out of a list the module keeps": _kept(lambda module: module.extra.pop()),
+    "in a list a part keeps": (
+        lambda cell: cell.KeptInAPart(),
+        lambda _, module: scaled(module.inner.extra[0], 2.0),
     ),
 }
 """Each way a module the module computes with beyond its own parts changes what it

@@ -58,6 +58,7 @@ from tests.broker_nodes import (
     Encoder,
     Grows,
     Holds,
+    KeptInAList,
     Lazy,
     Length,
     Listed,
@@ -633,17 +634,18 @@ def test_a_module_that_changes_its_state_as_it_runs_is_loaded_again(store: Store
     assert torch_equal(fresh.forward(x, store=store), expected)
 
 
-def test_a_module_a_partial_binds_crosses_to_a_network_worker_with_its_weights(
-    store: Store,
+@pytest.mark.parametrize("kind", [Projected, KeptInAList])
+def test_a_module_a_partial_or_a_plain_list_holds_crosses_to_a_network_worker_with_its_weights(
+    store: Store, kind: type[nn.Module]
 ) -> None:
-    """A frozen module computing with a module a partial it keeps binds, no part of it,
-    answers on a network worker as in this process: the weights of that module, in its
-    state digest, cross with the module's own, and are loaded into the copy the worker
-    built. They did not cross, so the worker's copy (drawn by its constructor)
-    was refused with a StateMismatch saying to freeze the graph again, which could never
-    help."""
+    """A frozen module computing with a module a partial it keeps binds, or one it keeps in
+    a plain list, no part of it, answers on a network worker as in this process: the
+    weights of that module, in its state digest, cross with the module's own, and are
+    loaded into the copy the worker built. They did not cross, so the worker's copy (drawn
+    by its constructor) was refused with a StateMismatch saying to freeze the graph again,
+    which could never help, or, for a list, answered with the weights it drew."""
     torch.manual_seed(0)
-    enc = ModuleNode.build(Projected, 3)
+    enc = ModuleNode.build(kind, 3)
     g = Graph.somatize(
         Ramp(3).named("rows").frozen() >> enc.named("enc").frozen().cached().at("w1")
     )

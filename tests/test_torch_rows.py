@@ -3201,6 +3201,47 @@ def test_a_lazy_or_inference_mode_torch_module_in_a_global_is_refused(
         cache_rows(cell.Normed(), store=store)
 
 
+class KeptLater(nn.Module):
+    """A linear layer, then each module in a plain list it keeps, empty when made, and a
+    list it fills as it runs with what it was handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.extra: list[nn.Module] = []
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen.append(x)
+        x = self.linear(x)
+        for part in self.extra:
+            x = part(x)
+        return x
+
+
+def test_a_module_put_in_an_empty_plain_list_the_module_keeps_keys_rows_by_its_weights(
+    store: Store,
+) -> None:
+    """A module put in a plain list the module keeps, empty when the cache was made, keys
+    the rows anew, and so do its weights changed after: they are the module's state from
+    then on. A list the forward fills with what it was handed is no change: the state is
+    not digested again."""
+    module = KeptLater()
+    cached = cache_rows(module, store=store)
+    x = torch.randn(5, 3)
+    cached(x)
+    watch = cached._watch
+    cached(x)
+    assert cached._watch is watch and cached.stats.computed == 5
+    module.extra.append(nn.LayerNorm(3))
+    cached(x)
+    scaled(module.extra[0], 2.0)
+    again = cached(x)
+    with torch.no_grad():
+        assert torch.equal(again, module(x))
+    assert cached.stats.computed == 15
+
+
 class CountedOnItsClass(OnALinear):
     """Counts its calls on its class."""
 
