@@ -58,7 +58,7 @@ from somatize_torch._precision import precision_on
 from somatize_torch._settings import _TORCH_OWN, _held_by, _slots_of
 from somatize_torch._values import _NAMESPACES, _NOT_FOLLOWED, _STANDARD, _followed
 from somatize_torch.codec import TENSOR, memory_order
-from somatize_torch.digest import digest_tensor, plain
+from somatize_torch.digest import DTYPES, digest_tensor, plain
 from somatize_torch.freeze import (
     ModuleNode,
     check_still,
@@ -430,6 +430,15 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
                 f"argument {index}: a cached submodule is keyed by the content of the "
                 "tensors it is handed, and a meta tensor holds none. Work out shapes with "
                 "the model unwrapped, or drop the submodule from `cached=`"
+            )
+        if value.dtype not in DTYPES or value.is_quantized:
+            raise CodecError(
+                f"`{name}` is cached and is called with a {value.dtype} tensor as argument "
+                f"{index}: a cached submodule is keyed by the bytes of the tensors it is "
+                "handed, and no codec writes a tensor of that dtype (a quantized, sub-byte "
+                "or bit-packed one), so it cannot be keyed. Convert it to a dtype of whole "
+                "bytes (`x.dequantize()`; a packed one viewed as bytes, "
+                "`x.view(torch.uint8)`), or drop the submodule from `cached=`"
             )
         cut = gradient_cut(value)
         if cut:

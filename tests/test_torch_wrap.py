@@ -1623,6 +1623,35 @@ def test_a_cached_module_handed_a_meta_tensor_is_refused_saying_so(store: Store)
     assert wrapped.counts["linear"] == {"ran": 1, "kept": 1, "recalled": 1}
 
 
+def _unkeyable_inputs() -> list[torch.Tensor]:
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch deprecates quantized tensors
+        found = [torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)]
+    for dtype in ("uint1", "float4_e2m1fn_x2"):
+        if hasattr(torch, dtype):
+            found.append(torch.zeros(3, 4, dtype=getattr(torch, dtype)))
+    return found
+
+
+@pytest.mark.parametrize("x", _unkeyable_inputs(), ids=lambda x: str(x.dtype))
+def test_a_cached_module_handed_a_tensor_of_a_dtype_no_codec_writes_is_refused_saying_so(
+    store: Store, x: torch.Tensor
+) -> None:
+    """A quantized or sub-byte tensor has no bytes the codec writes to key a call by: the
+    call is refused naming the module, the argument and the dtype, and what to do, not
+    as an Opaque tuple the user never made."""
+    wrapped = smt.wrap(nn.Linear(4, 4), frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    with pytest.raises(CodecError) as refused:
+        wrapped(x)
+    said = str(refused.value)
+    assert f"`linear` is cached and is called with a {x.dtype} tensor as argument 0" in said
+    assert "cannot be keyed" in said and "drop the submodule from `cached=`" in said
+    assert "Opaque" not in said
+    assert "linear" not in wrapped.counts  # refused before anything ran or was kept
+
+
 def test_an_answer_of_a_tensor_subclass_is_refused(store: Store) -> None:
     """A cached module answering a tensor subclass is refused when its answer is kept,
     naming the class, rather than recalled as a plain tensor."""
