@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -83,8 +84,8 @@ class Reads:
         self._values: list[Any] = []
         self._held: list[Any] = []
         self._contents: list[tuple[Any, ...]] = []
-        self._empty: list[Any] = []
-        self._waiting: list[tuple[dict[str, Any], str, Any, bool]] = []
+        self._empty: list[_Filling] = []
+        self._waiting: list[tuple[dict[str, Any], str, Any, bool, _Filling | None]] = []
 
     def moved(self) -> bool:
         """Whether a name or attribute, a container or a partial leading to a module found
@@ -94,10 +95,54 @@ class Reads:
             or not all(map(_same_items, map(_items_of, self._held), self._contents))
         ):
             return True
-        return any(map(_leads, self._empty)) or any(
-            (now := space.get(name)) is not was and _leads(now, globally)
-            for space, name, was, globally in self._waiting
-        )
+        return any(map(_Filling.leads, self._empty)) or self._rebound()
+
+    def _rebound(self) -> bool:
+        """Whether a name or attribute holding a container that led to no module holds
+        one that leads to one now: what it holds from then on is watched as the
+        container was (:class:`_Filling`), so a name bound again (``self.seen = []``)
+        does not cost a walk of what it holds at each look."""
+        for at, (space, name, was, globally, filling) in enumerate(self._waiting):
+            now = space.get(name)
+            if now is not was:
+                filling = _Filling(now) if type(now) in _FILLED else None
+                if _leads(now, globally):
+                    return True
+                self._waiting[at] = (space, name, now, globally, filling)
+            elif filling is not None and filling.leads():
+                return True
+        return False
+
+
+class _Filling:
+    """A container that led to no module when :class:`Reads` looked (an empty list or
+    dict, a partial binding nothing), to be asked whether one came into it since. Only
+    what came into a list or dict since the last look is walked (what was appended, or
+    put under a new key), so one a forward fills as it runs (a list of each batch it
+    was handed, a memo by shape) costs the same at each look however long it grows; one
+    changed otherwise (an item taken out, or put before the last looked at) is walked
+    whole. An item changed in place among those looked at is not seen, as an item of a
+    container that held other values when watched is not."""
+
+    __slots__ = ("held", "mark")
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+        self.mark = _mark(held)
+
+    def leads(self) -> bool:
+        held, (looked, last) = self.held, self.mark
+        if type(held) not in _FILLED:
+            return _leads(held)
+        size = len(held)
+        if size == looked and _same_items(_last(held, size), last):
+            return False
+        mark = _mark(held)  # before the walk: what comes in during it is walked next time
+        since = looked if looked <= size and _same_items(_last(held, looked), last) else 0
+        if any(map(_leads_in, _values_since(held, since, size))):
+            return True
+        self.mark = mark
+        return False
 
 
 NO_READS = Reads()
@@ -120,6 +165,37 @@ def _leads(value: Any, globally: bool = True) -> bool:
     """Whether ``value``, held by a name of a module (``globally``) or a part's attribute,
     leads to a module as :func:`modules_read` follows it."""
     return _reached(value, "", globally or _through(value), [], [], [], _DEPTH)
+
+
+def _leads_in(item: Any) -> bool:
+    """Whether ``item`` of a list, dict or partial that led to no module leads to one."""
+    return type(item) not in _PLAIN and _reached(item, "", True, [], [], [], _DEPTH - 1)
+
+
+def _mark(held: Any) -> tuple[int, tuple[Any, ...]]:
+    """How many items a list or dict holds, and its last (a dict's last key and value):
+    what :class:`_Filling` tells one filled since by."""
+    if type(held) not in _FILLED:
+        return 0, ()
+    return len(held), _last(held, len(held))
+
+
+def _last(held: list[Any] | dict[Any, Any], count: int) -> tuple[Any, ...]:
+    """The last of the first ``count`` items of ``held`` (at most as many as it holds)."""
+    if count == 0:
+        return ()
+    if isinstance(held, list):
+        return (held[count - 1],)
+    return next(itertools.islice(reversed(held.items()), len(held) - count, None))
+
+
+def _values_since(held: list[Any] | dict[Any, Any], since: int, size: int) -> Iterable[Any]:
+    """The items of ``held``, a list or dict of ``size`` items, from ``since`` on."""
+    if isinstance(held, list):
+        return held[since:]
+    if since == 0:
+        return list(held.values())
+    return list(itertools.islice(reversed(held.values()), size - since))
 
 
 def _through(value: Any) -> bool:
@@ -183,6 +259,7 @@ def _step(kind: type, at: int, key: Any) -> str:
 
 _PLAIN = frozenset({str, bytes, int, float, bool, complex, type(None)})
 _CONTAINERS = frozenset({list, tuple, dict})
+_FILLED = frozenset({list, dict})
 
 
 def modules_read(module: nn.Module, classes: Iterable[type]) -> Reads:
@@ -201,18 +278,19 @@ def modules_read(module: nn.Module, classes: Iterable[type]) -> Reads:
 
     def look(space: dict[str, Any], name: str, label: str, globally: bool) -> None:
         value = space.get(name)
-        empty = len(reads._empty)
+        empty: list[Any] = []
         # A list, tuple or dict a part keeps (`self.extra = [nn.LayerNorm(3)]`, which torch
         # does not register) holds modules it computes with, as a partial it keeps does.
         through = globally or _through(value)
-        if _reached(value, label, through, found, reads._held, reads._empty, _DEPTH):
+        if _reached(value, label, through, found, reads._held, empty, _DEPTH):
             reads._owners.append(space)
             reads._names.append(name)
             reads._values.append(value)
-        elif len(reads._empty) > empty:
+        elif empty:
             # A container that leads to no module yet (`NORMS = []`): what the name holds
             # is watched too.
-            reads._waiting.append((space, name, value, globally))
+            reads._waiting.append((space, name, value, globally, None))
+        reads._empty += map(_Filling, empty)
 
     for space, name in objects_read(*classes):
         look(space, name, f"{space.get('__name__', '')}:{name}", True)

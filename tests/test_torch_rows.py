@@ -27,7 +27,7 @@ from somatize.canonical import NotCanonical
 from somatize.engine import Drifted
 from somatize.keys import node_key, node_prefix
 from somatize.store import StoreError
-from somatize_torch import _row_keys, _row_lookup
+from somatize_torch import _row_keys, _row_lookup, _state
 from somatize_torch._native import host_library
 from somatize_torch.deferred import Deferred, DeferredRows
 from somatize_torch.digest import digest_rows
@@ -3240,6 +3240,42 @@ def test_a_module_put_in_an_empty_plain_list_the_module_keeps_keys_rows_by_its_w
     with torch.no_grad():
         assert torch.equal(again, module(x))
     assert cached.stats.computed == 15
+
+
+def test_a_plain_list_the_forward_fills_is_not_walked_whole_at_each_call(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain list the module keeps, empty when the cache was made, that its forward
+    fills as it runs (each batch it was handed) is watched for a module coming in by what
+    came in since the last look, not walked whole at each call: a recalled call costs
+    the same however long it grew."""
+    module = KeptLater()
+    cached = cache_rows(module, store=store)
+    x = torch.randn(5, 3)
+    cached(x)
+    walked = 0
+    reached = _state._reached
+
+    def counted(*args: Any) -> bool:
+        nonlocal walked
+        walked += 1
+        return reached(*args)
+
+    monkeypatch.setattr(_state, "_reached", counted)
+    looks = []
+    for size in (20, 200):
+        with torch.no_grad():
+            while len(module.seen) < size:
+                module(x)  # filled as a forward run elsewhere fills it
+        cached(x)  # the list moved: the watch is taken again, once
+        walked = 0
+        cached(x)
+        looks.append(walked)
+    assert looks[0] == looks[1]
+    computed = cached.stats.computed
+    module.extra.append(nn.LayerNorm(3))  # a module coming in is still seen
+    cached(x)
+    assert cached.stats.computed == computed + 5
 
 
 class CountedOnItsClass(OnALinear):
