@@ -143,17 +143,19 @@ lin = nn.Linear(3, 3)
 def normed_cell(monkeypatch: pytest.MonkeyPatch, name: str) -> Any:
     """The cell run as the module ``name``: ``Normed``'s forward calls ``NORM``, a global of
     the cell, and ``HeadOnNormed`` holds a ``Normed`` as its encoder."""
-    return _cell(monkeypatch, name, NORMED_CELL)
+    return run_cell(monkeypatch, name, NORMED_CELL)
 
 
 def named_as_attributes_cell(monkeypatch: pytest.MonkeyPatch, name: str) -> Any:
     """The cell run as the module ``name``: it holds modules in globals bearing the names of
     attributes its classes' forwards read (``encoder``, ``enc``, ``lin``), which no forward
     reads as a global."""
-    return _cell(monkeypatch, name, NAMED_AS_ATTRIBUTES_CELL)
+    return run_cell(monkeypatch, name, NAMED_AS_ATTRIBUTES_CELL)
 
 
-def _cell(monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> Any:
+def run_cell(monkeypatch: pytest.MonkeyPatch, name: str, text: str) -> Any:
+    """``text`` run as a notebook's cell, as the module ``name`` (its classes found there
+    by name, as a kernel's are), for the test's time."""
     cell = types.ModuleType(name)
     exec(compile(text, "<cell>", "exec"), vars(cell))
     monkeypatch.setitem(sys.modules, cell.__name__, cell)

@@ -44,7 +44,7 @@ from somatize_torch.rows import (
     prefill,
 )
 from somatize_torch.wrap import CachedInputNeedsGrad
-from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, scaled
+from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
 
 def encoder(seed: int = 0) -> nn.Module:
@@ -2212,18 +2212,25 @@ def test_rows_keyed_on_two_threads_while_one_keys_anew_are_keyed_one_at_a_time(
     assert torch.equal(answers["wide"], expected(module, wide))
 
 
+def _midway_handed_back() -> tuple[Midway, CachedRows]:
+    """A :class:`Midway` and its row cache, which answered a batch and was handed back:
+    the module its model's again, in train mode, trained."""
+    module = Midway()
+    cached = cache_rows(module)
+    cached(torch.randn(2, 4))
+    cached.hand_back()
+    release(module)
+    module.train().requires_grad_(True)
+    return module, cached
+
+
 def test_freeze_again_while_a_handed_back_call_runs_leaves_the_module_frozen() -> None:
     """``freeze_again`` asked from another thread while a call of the cache handed back
     runs (a stage beginning while a pool still embeds a dataset) freezes the module once
     the call has put it back as its model had it: the call, ending after, left it as it
     found it, training and requiring grad, with the cache no longer holding it for each
     call, so the next call refused it as unfrozen and an optimizer went on moving it."""
-    module = Midway()
-    cached = cache_rows(module)
-    cached(torch.randn(2, 4))
-    cached.hand_back()
-    release(module)  # its model's again, in train mode, trained
-    module.train().requires_grad_(True)
+    module, cached = _midway_handed_back()
     frozen = threading.Thread(target=cached.freeze_again)
     _MIDWAY.append(lambda: (frozen.start(), frozen.join(1)))  # waits, unless it is held
     x = torch.randn(3, 4)
@@ -2240,12 +2247,7 @@ def test_freeze_again_inside_a_handed_back_call_freezes_the_module_as_the_call_e
     it (by code its module's forward runs), freezes the module once the call has put it
     back as its model had it: the call, ending after, left it training and requiring grad,
     so the next call refused it as unfrozen."""
-    module = Midway()
-    cached = cache_rows(module)
-    cached(torch.randn(2, 4))
-    cached.hand_back()
-    release(module)  # its model's again, in train mode, trained
-    module.train().requires_grad_(True)
+    module, cached = _midway_handed_back()
     _MIDWAY.append(cached.freeze_again)
     x = torch.randn(3, 4)
     out = cached(x)
@@ -3019,10 +3021,7 @@ class ScaledByAGlobal(nn.Module):
 def _scaled_cell(monkeypatch: pytest.MonkeyPatch) -> Any:
     """A notebook cell defining ``ScaledByAGlobal``, whose forward reads the global ``SCALE``
     and calls the helper ``halved`` of its module."""
-    cell = types.ModuleType("tests.rows_cell")
-    exec(compile(_SCALED_CELL, "<cell>", "exec"), vars(cell))
-    monkeypatch.setitem(sys.modules, cell.__name__, cell)
-    return cell
+    return run_cell(monkeypatch, "tests.rows_cell", _SCALED_CELL)
 
 
 def test_a_global_the_cached_module_s_forward_reads_rebound_is_refused_until_set_back(

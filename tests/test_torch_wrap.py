@@ -52,7 +52,7 @@ from somatize_torch import _cached
 from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
-from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, scaled
+from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -9366,10 +9366,7 @@ class OffsetByAGlobal(nn.Module):
 def _offset_cell(monkeypatch: pytest.MonkeyPatch) -> Any:
     """A notebook cell defining ``OffsetByAGlobal``, whose forward reads the global
     ``OFFSET`` and calls the helper ``doubled`` of its module."""
-    cell = types.ModuleType("tests.wrap_cell")
-    exec(compile(_OFFSET_CELL, "<cell>", "exec"), vars(cell))
-    monkeypatch.setitem(sys.modules, cell.__name__, cell)
-    return cell
+    return run_cell(monkeypatch, "tests.wrap_cell", _OFFSET_CELL)
 
 
 def test_a_global_the_model_s_forward_reads_rebound_is_refused_until_set_back(
