@@ -43,6 +43,7 @@ from somatize.node import (
     AlreadyBuilt,
     Node,
     Undeclared,
+    _by_name,
     _set_by_methods,
     attributes_of,
     digest_of,
@@ -91,14 +92,27 @@ def look_again(graph: Graph) -> None:
                 graph._unfollowed[name] = refused
             _declared_again(graph, name, made.node)
     memory = graph.memory
-    held, names, values, slotted = graph._kept_watch
-    if not all(map(operator.is_, map(dict.get, held, names), values)) or (
-        slotted and not all(in_slot(slot, node) is value for slot, node, value in slotted)
+    held, names, values, slotted, taken = graph._kept_watch
+    taken_elsewhere = {id(marks) for marks, count in taken if marks.retaken != count}
+    if (
+        not all(map(operator.is_, map(dict.get, held, names), values))
+        or (slotted and not all(in_slot(slot, node) is value for slot, node, value in slotted))
+        or taken_elsewhere
     ):
         retaken = set()
         for name, (node, arguments) in list(kept.items()):
             now = attributes_of(node)
             changed = {a: now[a] for a, was in arguments if a in now and now[a] is not was}
+            if id(node._smz) in taken_elsewhere:
+                # Taken as its argument by another graph built with it since this one
+                # looked: one given back since is what this graph last saw, and no
+                # longer the argument the node is noted as made with.
+                called = _called_with(node)
+                changed.update(
+                    (a, now[a])
+                    for a, _ in arguments
+                    if a in now and now[a] is not called.get(a, UNSET)
+                )
             if changed:
                 _retaken(graph, name, node, changed)
                 retaken.add(name)
@@ -193,6 +207,16 @@ def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> No
     # What the node keeps now is what is watched from here.
     now = attributes_of(node)
     graph._kept[name] = (node, [(attr, now.get(attr, was)) for attr, was in graph._kept[name][1]])
+
+
+def _called_with(node: Node) -> dict[str, Any]:
+    """The arguments of the call ``node`` is noted as made with, by name, defaults filled
+    in (those its ``**kwargs`` took under their keywords)."""
+    bound = node._bound()
+    if bound is None:
+        return {}
+    bound.apply_defaults()
+    return dict(_by_name(bound))
 
 
 def _refuse_interned(graph: Graph, name: str, node: Node, attrs: list[str]) -> None:

@@ -47,6 +47,7 @@ from somatize.errors import SomatizeError
 from somatize.memory import Memory
 from somatize.node import (
     Expr,
+    Marks,
     Node,
     Undeclared,
     digest_of,
@@ -128,11 +129,17 @@ class Graph:
         """Nodes built with a list or a dict, by name, with the declaration each was last
         looked at with for a change in place (_look_again._changed_in_place)."""
         self._kept_watch: tuple[
-            list[dict[str, Any]], list[str], list[Any], list[tuple[Any, Node, Any]]
-        ] = ([], [], [], [])
+            list[dict[str, Any]],
+            list[str],
+            list[Any],
+            list[tuple[Any, Node, Any]],
+            list[tuple[Marks, int]],
+        ] = ([], [], [], [], [])
         """The same, flat, for one look at every forward: each node's attributes, the name
-        of each kept argument, and the object it should still be; and for an argument kept
-        in a slot, the slot's descriptor, the node and that object."""
+        of each kept argument, and the object it should still be; for an argument kept
+        in a slot, the slot's descriptor, the node and that object; and each node's marks
+        with the count of its arguments taken (:attr:`~somatize.node.Marks.retaken`), by
+        this graph or another built with it, when this one last looked."""
         self.memory = Memory()
         self.placement = Placement()
         self.record: Record | None = None
@@ -279,6 +286,7 @@ class Graph:
         names: list[str] = []
         values: list[Any] = []
         slotted: list[tuple[Any, Node, Any]] = []
+        taken = [(node._smz, node._smz.retaken) for node, _ in self._kept.values()]
         watched = [
             *self._kept.values(),
             *((node, [(a, v) for a, v, _ in like]) for node, like in self._named_like.values()),
@@ -292,7 +300,7 @@ class Graph:
                 held.append(vars(node))
                 names.append(name)
                 values.append(value)
-        self._kept_watch = (held, names, values, slotted)
+        self._kept_watch = (held, names, values, slotted, taken)
 
     def watch_code(self) -> None:
         """Lays out what the fingerprints of the nodes' code were worked out from, for the

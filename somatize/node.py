@@ -140,6 +140,12 @@ class Marks:
     changed (:meth:`Node.restate`, :meth:`Node.declaration_moved`): a node tells a change
     once, to whichever graph asks first, and every other graph built with it follows the
     change at its next forward, where it finds the count past the one it last followed."""
+    retaken: int = 0
+    """How many times a graph holding the node took an attribute replaced since as its
+    argument (:meth:`Node.retake`): every other graph built with the node finds the count
+    past the one it last looked at, and takes what the node holds against the call it is
+    noted as made with now — a value given back since is the argument again there, though
+    it is what that graph last saw."""
     holding: Holding | None = None
     """What a copy of the node rebuilt elsewhere must hold, once asked
     (:func:`~somatize.node.holding_of`); a copy of the node (``copy.copy``) has its own."""
@@ -496,6 +502,7 @@ class Node:
                     raise ValueError(f"{type(self).__qualname__} takes no argument `{name}`")
                 bound.arguments[taken] = {**bound.arguments.get(taken, {}), name: value}
         self._smz.call = (tuple(bound.args[1:]), dict(bound.kwargs))
+        self._smz.retaken += 1
         made = self._smz.made
         if made is not None:  # what it holds is what it is made with from here
             made.update((name, value) for name, value in values.items() if name in made)

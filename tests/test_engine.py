@@ -946,6 +946,40 @@ def test_a_declared_list_changed_after_build_is_keyed_as_it_is_now(store: Store)
     assert ("recalled", "weighted") in [(f["fact"], f.get("node")) for f in seen]
 
 
+class Tilted(Node):
+    """The weighted sum of its input, by the weights it was built with, plus its tilt."""
+
+    def __init__(self, weights: list[int], tilt: int) -> None:
+        self.weights = weights
+        self.tilt = tilt
+
+    def forward(self, x: int, ctx: Any) -> int:
+        return sum(w * x for w in self.weights) + self.tilt
+
+
+def test_an_argument_replaced_and_given_back_is_keyed_as_it_is_now_in_every_graph(
+    store: Store,
+) -> None:
+    """A node two graphs are built with, whose kept argument is replaced, taken as the
+    argument by one graph's forward, and given back its old value before the other's, is
+    keyed in the other as it holds it. That graph, finding the node holding what it held
+    when it was built, looked no further, and keyed a node built with a list by the call the
+    first graph noted: it kept what it computed with the old value under the key of a node
+    built with the new one, and recalled it for such a node."""
+    node = Tilted([1], 0).named("tilted").frozen().cached()
+    g = Graph.somatize(node)
+    other = Graph.somatize(Echo().frozen() >> node)
+    assert g.forward(10, store=store) == other.forward(10, store=store) == 10
+    node.tilt = 5  # type: ignore[attr-defined]
+    assert g.forward(10, store=store) == 15
+    node.tilt = 0  # type: ignore[attr-defined]
+    assert other.forward(10, store=store) == 10
+    assert other.memory.declaration_of("tilted") == Tilted([1], 0).declaration()
+    node.tilt = 5  # type: ignore[attr-defined]
+    assert other.forward(10, store=store) == other.forward(10) == 15
+    assert g.forward(10, store=store) == 15
+
+
 class Counts(Node):
     """Counts the items of a list it is built with."""
 
