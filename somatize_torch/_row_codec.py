@@ -31,6 +31,7 @@ from somatize_torch.codec import (
 from somatize_torch.digest import memory_of
 
 __all__ = [
+    "as_bits",
     "batch_order",
     "decode_rows",
     "empty_rows",
@@ -39,6 +40,7 @@ __all__ = [
     "encode_rows",
     "laid_out",
     "row_order",
+    "select_rows",
 ]
 
 
@@ -252,3 +254,28 @@ def _stacked(count: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Te
     if _strides_overflow([count, *shape]):
         raise ValueError(f"{count} rows of shape {list(shape)[:8]} cannot be stacked: damaged")
     return torch.empty((count, *shape), dtype=dtype)
+
+
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+"""An integer dtype of each element size, which every device copies into place by index."""
+
+
+def as_bits(rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` as integers of their element's size, the same bits: torch copies no CPU
+    tensor of a float8 dtype, or an unsigned one past uint8, into place by index, and a
+    copy of bits is exactly the copy of the values. A conjugate or negative view (a module
+    answering ``x.conj()`` or its ``.imag``) holds other bits than its values, and torch
+    views none as another dtype: its values are taken first."""
+    kind = _BITS.get(rows.element_size())
+    if kind is None or rows.dtype is kind:
+        return rows
+    return rows.resolve_conj().resolve_neg().view(kind)
+
+
+def select_rows(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``rows.index_select(0, index)`` for rows of any dtype: gathered as their bits
+    (:func:`as_bits`), since torch gathers a CPU tensor of one value a row of an unsigned
+    dtype past uint8 (a score or a code a row, in uint16) for no index."""
+    bits = as_bits(rows)
+    taken = bits.index_select(0, index)
+    return taken if bits is rows else taken.view(rows.dtype)

@@ -34,7 +34,14 @@ from somatize.errors import SomatizeWarning
 from somatize.store.base import Corrupt, Missing, StoreError
 from somatize_torch._errors import in_a_transform, transforming
 from somatize_torch._modes import outside_compiled
-from somatize_torch._row_codec import batch_order, decode_rows, empty_rows, laid_out, row_order
+from somatize_torch._row_codec import (
+    as_bits,
+    batch_order,
+    decode_rows,
+    empty_rows,
+    laid_out,
+    row_order,
+)
 from somatize_torch._row_errors import NotRowwise, RowsError
 from somatize_torch._row_keys import _Keying, _keying, _row_ids
 from somatize_torch._rowwise import (
@@ -553,21 +560,5 @@ def _assemble(
                 "every row with the same dtype and shape"
             )
         assert at is not None
-        _bits(out).index_copy_(0, torch.tensor(at, device=device), _bits(rows.to(device)))
+        as_bits(out).index_copy_(0, torch.tensor(at, device=device), as_bits(rows.to(device)))
     return out
-
-
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-"""An integer dtype of each element size, which every device copies into place by index."""
-
-
-def _bits(rows: torch.Tensor) -> torch.Tensor:
-    """``rows`` as integers of their element's size, the same bits: torch copies no CPU
-    tensor of a float8 dtype, or an unsigned one past uint8, into place by index, and a
-    copy of bits is exactly the copy of the values. A conjugate or negative view (a module
-    answering ``x.conj()`` or its ``.imag``) holds other bits than its values, and torch
-    views none as another dtype: its values are taken first."""
-    kind = _BITS.get(rows.element_size())
-    if kind is None or rows.dtype is kind:
-        return rows
-    return rows.resolve_conj().resolve_neg().view(kind)

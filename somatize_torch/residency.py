@@ -44,7 +44,7 @@ from collections.abc import Hashable, Sequence
 
 import torch
 
-from somatize_torch._row_codec import decode_rows, encode_rows
+from somatize_torch._row_codec import decode_rows, encode_rows, select_rows
 from somatize_torch.writer import WriteFailed, Writer, store_lock
 
 __all__ = [
@@ -147,7 +147,7 @@ class Bank:
         index = torch.frombuffer(array.array("q", slots), dtype=torch.long)
         if self.device.type != "cpu":
             index = index.to(self.device, non_blocking=True)
-        return self.tensor.index_select(0, index)
+        return select_rows(self.tensor, index)
 
 
 class Tier:

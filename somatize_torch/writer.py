@@ -65,7 +65,7 @@ from somatize import Store, canonical
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
 from somatize.store import JoinedWrite, StoreFull
-from somatize_torch._row_codec import empty_rows, encode_batch_viewed, row_order
+from somatize_torch._row_codec import empty_rows, encode_batch_viewed, row_order, select_rows
 from somatize_torch.codec import TENSOR, inverse_order
 
 __all__ = ["KEY_BYTES", "WaitsForItself", "WriteFailed", "Writer", "reading", "store_lock"]
@@ -715,7 +715,7 @@ class _Backlog:
                 # As staged: the batch permuted into the order of its dims in memory, dim
                 # 0 first, so its rows are taken along dim 0 and put back as they lay.
                 staged = job.staged.wait()
-                taken = staged.index_select(0, torch.tensor(slots, dtype=torch.long))
+                taken = select_rows(staged, torch.tensor(slots, dtype=torch.long))
                 if job.order is not None:
                     taken = taken.permute(inverse_order(job.order))
                 pieces.append((positions, taken))

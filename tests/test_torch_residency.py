@@ -45,7 +45,7 @@ from somatize_torch.residency import ROW_INDEX_BYTES, Tier
 from somatize_torch.rows import cache_rows
 from somatize_torch.writer import WaitsForItself, WriteFailed, Writer, store_lock
 from tests.forked import in_child, in_forked_child
-from tests.test_torch_rows import HalfOfMap, laid_out_otherwise
+from tests.test_torch_rows import HalfOfMap, Magnitudes, expected, laid_out_otherwise
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -2399,3 +2399,26 @@ def test_a_flush_on_the_writer_thread_says_so_rather_than_wait_for_itself(
     assert hooked.have(cached.row_keys(x)) == set(cached.row_keys(x))
     cached.close()
     other.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+@pytest.mark.parametrize("where", ["device", "pending"])
+def test_rows_of_one_unsigned_value_are_recalled_from_memory_and_from_staging(
+    store: Store, monkeypatch: pytest.MonkeyPatch, dtype: torch.dtype, where: str
+) -> None:
+    """A module answering one value a row in an unsigned dtype past uint8 (a score, a code)
+    has its rows recalled from a memory tier, or from the writer's staged copy, as their
+    bits: torch gathers a CPU tensor of one such value a row by index for no such dtype."""
+    module = nn.Sequential(nn.Linear(16, 1), nn.Flatten(0), Magnitudes(dtype))
+    budget = 1 << 20 if where == "device" else 0
+    cached = cache_rows(module, store, device_bytes=budget, host_bytes=0)
+    x = rows(8)
+    shuffled = torch.tensor([3, 1, 4, 0, 5, 2, 7, 6])
+    with _writes_held(monkeypatch):
+        first = cached(x)
+        again = cached(x[shuffled])
+        assert getattr(cached.stats, f"from_{where}") == 8
+    assert again.dtype == dtype and again.shape == (8,)
+    assert torch.equal(again.view(torch.uint8), first[shuffled].view(torch.uint8))
+    assert torch.equal(again.double(), expected(module, x[shuffled]).double())
+    cached.close()
