@@ -272,10 +272,20 @@ def as_bits(rows: torch.Tensor) -> torch.Tensor:
     return rows.resolve_conj().resolve_neg().view(kind)
 
 
+_GATHERED = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32}
+    | {torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128}
+)
+"""The dtypes torch gathers by index on every device, as they are."""
+
+
 def select_rows(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``rows.index_select(0, index)`` for rows of any dtype: gathered as their bits
-    (:func:`as_bits`), since torch gathers a CPU tensor of one value a row of an unsigned
-    dtype past uint8 (a score or a code a row, in uint16) for no index."""
+    """``rows.index_select(0, index)`` for rows of any dtype: those of another dtype than
+    :data:`_GATHERED` are gathered as their bits (:func:`as_bits`), since torch gathers a
+    CPU tensor of one value a row of an unsigned dtype past uint8 (a score or a code a
+    row, in uint16) for no index."""
+    if rows.dtype in _GATHERED:
+        return rows.index_select(0, index)
     bits = as_bits(rows)
     taken = bits.index_select(0, index)
     return taken if bits is rows else taken.view(rows.dtype)
