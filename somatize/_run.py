@@ -38,9 +38,9 @@ from somatize._record import (
     fact_named,
     failed_as,
 )
-from somatize.canonical import NotCanonical
+from somatize.canonical import NotCanonical, digest_of, parts_of
 from somatize.catalog import fingerprint_of, own_state
-from somatize.codecs import CODECS, CodecError, Unreadable
+from somatize.codecs import CODECS, CodecError, Plain, Unreadable
 from somatize.errors import SomatizeError
 from somatize.keys import item_key, root_key
 from somatize.node import Context, running_here
@@ -283,7 +283,8 @@ class _Run:
         rather than compute from it what would be kept under a key that names the answer
         as it was made, and recalled for it. The answer is marked as the first node is
         handed it, and only where a keyed node that runs is handed it after: by its codec's
-        stamp where it has one (a tensor's version counter), by its digest otherwise. An
+        stamp where it has one (a tensor's version counter), otherwise by what a recalled
+        answer keeps, the order of its dicts included (:func:`_mark_of`). An
         answer no codec weighs (a numpy array) cannot be marked: it is handed on unchecked,
         and a write into it is not seen."""
         static = plan.static
@@ -714,11 +715,33 @@ def _own_copy(value: Any, where: str) -> Any:
 def _mark_of(value: Any) -> Hashable:
     """What tells ``value`` unchanged, as its codec can say it: its stamp where the codec
     has one (a tensor's version counter, memory and layout; nothing to read for a value that
-    cannot change), its digest otherwise (a list's canonical encoding, hashed). CodecError
-    where no codec weighs it."""
+    cannot change), and otherwise what a recalled answer keeps: a canonical value's
+    encoding as an answer is written (its dicts' order, a bytearray as one), hashed; any
+    other's digest, with the order of the keys of each dict in it, which a digest leaves
+    out (it sorts them). A dict sorted in place is not the answer its key recalls.
+    CodecError where no codec weighs it."""
     codec = CODECS.for_value(value, "it", weighed=True)
     stamp = codec.stamp(value)
-    return stamp if stamp is not None else codec.digest(value)
+    if stamp is not None:
+        return stamp
+    if isinstance(codec, Plain):
+        return digest_of(b"", parts_of(value, "it", exact=True))
+    return codec.digest(value), _orders(value)
+
+
+def _orders(value: Any) -> tuple[tuple[Any, ...], ...]:
+    """The keys of each dict in ``value`` (itself, or in its lists, tuples and dicts, at any
+    depth), each in its order, in the order they are met."""
+    orders = []
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            orders.append(tuple(item))
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    return tuple(orders)
 
 
 def _copy_of(fact: Fact) -> Fact:

@@ -2387,3 +2387,52 @@ def test_a_tensor_answer_written_in_place_is_caught(store: Store) -> None:
     assert before.forward([3, 1], store=store)[0] == 3
     assert before.forward([3, 1], store=store)[0] == 3
     assert before.record is not None and before.record.outcome["first"] == "recalled"
+
+
+class Keyed(Node):
+    """A dict of the names it is handed, in their order: of their positions, or, with
+    ``tensors``, of tensors of them."""
+
+    def __init__(self, tensors: bool = False) -> None:
+        self.tensors = tensors
+
+    def forward(self, names: list[str], ctx: Any) -> dict[str, Any]:
+        import torch
+
+        return {n: torch.tensor([i]) if self.tensors else i for i, n in enumerate(names)}
+
+
+class SortsKeysInPlace(Node):
+    """Sorts the dict it is handed in place (each key taken out and put back, in order)."""
+
+    def forward(self, named: dict[str, Any], ctx: Any) -> int:
+        for name in sorted(named):
+            named[name] = named.pop(name)
+        return len(named)
+
+
+class FirstKey(Node):
+    """The first key of the dict it is handed."""
+
+    def forward(self, named: dict[str, Any], ctx: Any) -> str:
+        return next(iter(named))
+
+
+@pytest.mark.parametrize("tensors", [False, True])
+def test_a_dict_answer_sorted_in_place_is_caught(store: Store, tensors: bool) -> None:
+    """A node that sorts a dict answer in place leaves its items as they were and their
+    order not, which a recalled answer keeps: a keyed node handed it after that node, whose
+    answer follows the order, fails and keeps nothing, where it kept what it computed from
+    the sorted dict (`a`) under the key a forward without the sorter recalled it for, which
+    computes `b`. So it does for a dict of tensors, whose digest sorts its keys too."""
+    import somatize.torch  # noqa: F401  # the tensor codec
+
+    src = Keyed(tensors).named("src").frozen()
+    first = FirstKey().named("first").frozen().cached()
+    g = _shared(SortsKeysInPlace().named("sort").frozen(), first, src=src)
+    with pytest.raises(NodeFailed, match=r"`first` .*`sort` wrote into it"):
+        g.forward(["b", "a"], store=store)
+    assert not any(p.is_file() for p in (store.root / "answers").rglob("*"))
+    assert g.forward(["b", "a"], store=store, outputs="first") == "b"  # read alone: as made
+    assert g.forward(["b", "a"], store=store, outputs="first") == "b"
+    assert g.record is not None and g.record.outcome["first"] == "recalled"
