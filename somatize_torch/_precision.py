@@ -1,6 +1,7 @@
 """How float32 products and convolutions are computed: the settings of torch's backends
 that change what a call answers, read through whichever interface this torch has; and
-how float16 and bfloat16 products are computed on CUDA (:func:`half_precision`).
+how float16 and bfloat16 products are computed on CUDA (:func:`half_precision`), and
+whether oneDNN computes them on the host (:func:`kernels_off`).
 
 torch 2.9 gave each backend and operation a setting of its own
 (``torch.backends.cuda.matmul.fp32_precision = "tf32"``, ``torch.backends.mkldnn.matmul
@@ -92,11 +93,30 @@ def half_precision(device: str) -> Named:
     return tuple(said)
 
 
+def kernels_off(device: str) -> Named:
+    """The libraries torch computes with on ``device`` (a device type) that are turned off,
+    where a kernel of torch's own computes the call instead and rounds otherwise (a
+    convolution, a bfloat16 product): oneDNN on the host (``torch.backends.mkldnn.enabled
+    = False``, a ``torch.backends.mkldnn.flags(enabled=False)`` block). None where it is on,
+    as torch starts."""
+    if device == "cuda" or torch._C._get_mkldnn_enabled():
+        return ()
+    return (("mkldnn", "off"),)
+
+
+def products(device: str) -> Named:
+    """How products and convolutions run on ``device`` (a device type), named only where it
+    is not torch's default: :func:`float32_precision`, :func:`half_precision` and
+    :func:`kernels_off`."""
+    return float32_precision(device) + half_precision(device) + kernels_off(device)
+
+
 def precision_on(device: str) -> Named | None:
     """The precision a call on ``device`` (a device type) runs in, named only where it is
     not torch's default: autocast on that device type, the dtype tensors made in the
     forward get, how float32 products and convolutions are computed (TF32,
-    bfloat16), and how half-precision ones are (accumulating in float16) — None under
+    bfloat16), how half-precision ones are (accumulating in float16), and whether oneDNN
+    computes them on the host — None under
     torch's defaults, so the usual key does not change."""
     said: list[tuple[str, str]] = []
     # torch has no autocast for some device types (``meta``, where a model is built
@@ -106,8 +126,7 @@ def precision_on(device: str) -> Named | None:
     made = torch.get_default_dtype()
     if made != torch.float32:
         said.append(("default", _dtype_name(made)))
-    said.extend(float32_precision(device))
-    said.extend(half_precision(device))
+    said.extend(products(device))
     return tuple(said) or None
 
 

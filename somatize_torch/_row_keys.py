@@ -58,7 +58,7 @@ from somatize.keys import (
     root_key,
 )
 from somatize_torch._native_env import DIGEST_SIZE
-from somatize_torch._precision import float32_precision, half_precision
+from somatize_torch._precision import products
 from somatize_torch._row_ahead import _take_named
 from somatize_torch._row_errors import NeedsIndex, RowsError, _describe
 from somatize_torch._state import StateWatch
@@ -305,10 +305,11 @@ def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> tuple[_Keying, 
     # only when it is not the usual float32, so the usual keys do not change.
     made = torch.get_default_dtype()
     made_name = None if made == torch.float32 else _dtype_name(made)
-    # How float32 products and convolutions are computed (TF32, bfloat16), and half
-    # precision ones on CUDA (accumulating in float16): named only when not torch's
-    # defaults (full precision for matrix products, TF32 allowed to cuDNN), likewise.
-    precision = float32_precision(device) + half_precision(device)
+    # How float32 products and convolutions are computed (TF32, bfloat16), half
+    # precision ones on CUDA (accumulating in float16), and whether oneDNN computes them
+    # on the host: named only when not torch's defaults (full precision for matrix
+    # products, TF32 allowed to cuDNN, oneDNN on), likewise.
+    precision = products(device)
     matmul_name = ", ".join(f"{setting}={value}" for setting, value in precision) or None
     tag = (_dtype_name(dtype), autocast_name, shape, version, made_name, matmul_name)
     found = self._keyings.get(tag)

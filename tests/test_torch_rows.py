@@ -1322,6 +1322,27 @@ def test_float32_matmul_precision_is_in_the_key(store: Store) -> None:
     cached.close()
 
 
+def test_onednn_turned_off_is_in_the_key(store: Store) -> None:
+    """Rows a convolution computed through oneDNN are not recalled with oneDNN turned off
+    (`torch.backends.mkldnn.enabled = False`, as a user avoiding one of its kernels
+    does), where torch's own kernel computes, and rounds, otherwise: each is the answer
+    the module gives under the setting it is called in."""
+    module = encoder()
+    cached = cache_rows(module, store)
+    x = images(8)
+    cached(x)
+    try:
+        torch.backends.mkldnn.enabled = False
+        without = expected(module, x)
+        assert torch.equal(cached(x), without)
+    finally:
+        torch.backends.mkldnn.enabled = True
+    assert not torch.equal(without, expected(module, x))  # the setting changes the answer
+    assert torch.equal(cached(x), expected(module, x))
+    assert (cached.stats.computed, cached.stats.recalled) == (16, 8)
+    cached.close()
+
+
 def test_default_dtype_is_in_the_key(store: Store) -> None:
     """A module that makes tensors in its forward answers in the default dtype; rows
     computed under another default are not recalled for float32's."""

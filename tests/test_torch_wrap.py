@@ -1375,6 +1375,39 @@ def test_the_precision_a_call_runs_in_keys_it_apart(store: Store) -> None:
     assert [f["key"] for f in wrapped.graph.record.facts if f["fact"] == "recalled"] == [usual]
 
 
+class Convolves(nn.Module):
+    """A declared convolution and a head after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Conv2d(3, 8, 3, 2, 1)
+        self.head = nn.Flatten()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def test_a_call_with_onednn_turned_off_is_keyed_apart(store: Store) -> None:
+    """A convolution called with oneDNN turned off (`torch.backends.mkldnn.enabled =
+    False`) runs through torch's own kernel, which rounds otherwise: the answer oneDNN
+    computed is not recalled for it, nor the other way round."""
+    wrapped, model = _held(False, store, Convolves)
+    x = torch.randn(4, 3, 8, 8)
+    with torch.no_grad():
+        usual = model(x)
+    assert torch.equal(wrapped(x), usual)
+    try:
+        torch.backends.mkldnn.enabled = False
+        with torch.no_grad():
+            without = model(x)
+        assert torch.equal(wrapped(x), without)
+    finally:
+        torch.backends.mkldnn.enabled = True
+    assert not torch.equal(without, usual)  # the setting changes the answer
+    assert torch.equal(wrapped(x), usual)
+    assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2, "recalled": 1}
+
+
 @pytest.mark.skipif(
     not hasattr(torch.backends.mkldnn, "matmul"), reason="needs torch's per-backend precision"
 )
