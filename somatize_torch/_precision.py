@@ -97,9 +97,11 @@ def kernels_off(device: str) -> Named:
     """The libraries torch computes with on ``device`` (a device type) that are turned off,
     where a kernel of torch's own computes the call instead and rounds otherwise (a
     convolution, a bfloat16 product): oneDNN on the host (``torch.backends.mkldnn.enabled
-    = False``, a ``torch.backends.mkldnn.flags(enabled=False)`` block). None where it is on,
-    as torch starts."""
-    if device == "cuda" or torch._C._get_mkldnn_enabled():
+    = False``, a ``torch.backends.mkldnn.flags(enabled=False)`` block), cuDNN on CUDA
+    (``torch.backends.cudnn.enabled = False``). None where it is on, as torch starts."""
+    if device == "cuda":
+        return () if torch._C._get_cudnn_enabled() else (("cudnn", "off"),)
+    if torch._C._get_mkldnn_enabled():
         return ()
     return (("mkldnn", "off"),)
 

@@ -29,6 +29,7 @@ from somatize.keys import node_key, node_prefix
 from somatize.store import StoreError
 from somatize_torch import _row_keys, _row_lookup, _state
 from somatize_torch._native import host_library
+from somatize_torch._precision import kernels_off
 from somatize_torch.deferred import Deferred, DeferredRows
 from somatize_torch.digest import digest_rows
 from somatize_torch.freeze import FreezeError, StillChanging, digest_state, is_held, release
@@ -1341,6 +1342,19 @@ def test_onednn_turned_off_is_in_the_key(store: Store) -> None:
     assert torch.equal(cached(x), expected(module, x))
     assert (cached.stats.computed, cached.stats.recalled) == (16, 8)
     cached.close()
+
+
+def test_cudnn_turned_off_is_in_the_key_of_a_cuda_call() -> None:
+    """cuDNN turned off (`torch.backends.cudnn.enabled = False`) has torch's own kernels
+    compute a convolution on CUDA, rounding otherwise: a call on CUDA is keyed apart then,
+    and one on the host is not (the setting is read without a GPU)."""
+    assert kernels_off("cuda") == ()
+    try:
+        torch.backends.cudnn.enabled = False
+        assert kernels_off("cuda") == (("cudnn", "off"),)
+        assert kernels_off("cpu") == ()
+    finally:
+        torch.backends.cudnn.enabled = True
 
 
 def test_default_dtype_is_in_the_key(store: Store) -> None:
