@@ -40,7 +40,7 @@ from somatize._record import (
 )
 from somatize.canonical import NotCanonical, digest_of, parts_of
 from somatize.catalog import fingerprint_of, own_state
-from somatize.codecs import CODECS, CodecError, Plain, Unreadable
+from somatize.codecs import CODECS, CodecError, Opaque, Plain, Unreadable
 from somatize.errors import SomatizeError
 from somatize.keys import item_key, root_key
 from somatize.node import Context, running_here
@@ -256,18 +256,20 @@ class _Run:
 
     # -- running ------------------------------------------------------------------------------
 
-    def reads_input(self, plan: Plan, node: str, x: Any) -> None:
-        """Notes that ``node`` is handed the graph's input ``x``. A keyed node handed it after
-        another node was, when it no longer keys as it did (that node wrote into it as it ran:
-        sorted a list in place, popped from a dict), fails rather than compute from it what
-        would be kept under the key of the input as it was handed in, and recalled for it.
-        Keyed again only then: the first node handed the input reads it as it was keyed, and
-        what a node computes from an input it writes into itself is its answer to it."""
+    def reads_input(self, plan: Plan, node: str, x: Any, handed: Any) -> None:
+        """Notes that ``node`` is handed the graph's input ``x``, as ``handed`` (``x``, or,
+        where it holds an Opaque, lists, tuples and dicts of its own holding what each
+        Opaque wraps). A keyed node handed it after another node was, when it no longer
+        keys as it did (that node wrote into it as it ran: sorted a list in place, popped
+        from a dict), fails rather than compute from it what would be kept under the key of
+        the input as it was handed in, and recalled for it. Keyed again only then: the first
+        node handed the input reads it as it was keyed, and what a node computes from an
+        input it writes into itself is its answer to it."""
         before = self.read_input
         if before and plan.root is not None and node in plan.static.prefix:
             try:
-                moved = root_key(x) != plan.root
-            except NotCanonical:  # something with no canonical form was written into it
+                moved = root_key(_as_handed(x, handed)) != plan.root
+            except (NotCanonical, CodecError):  # written into it: what nothing keys
                 moved = True
             if moved:
                 raise self._written_into(
@@ -683,6 +685,33 @@ class _Run:
 
 
 _DAMAGED = object()
+_NOTHING = object()
+"""What an input held where a node put a value into what it was handed (a new key)."""
+
+
+def _as_handed(x: Any, handed: Any) -> Any:
+    """The input ``x`` as what its nodes were handed, ``handed``, holds now, to key again:
+    ``x`` where they were handed it; else ``handed`` with each value in place of one of
+    ``x``'s Opaques wrapped again — in that Opaque while it is still what it wraps, in a new
+    one otherwise —, since a node may write into the lists and dicts made to hand it (pop
+    from a dict), which ``x`` does not see. CodecError where no codec weighs what was put
+    in place of an Opaque's value."""
+    if handed is x:
+        return x
+    if type(x) is Opaque:
+        return x if handed is x.value else Opaque(handed, x.codec)
+    kind = type(handed)
+    if kind is not type(x):  # put in place of what the input held there
+        return handed
+    if kind is dict:
+        return {name: _as_handed(x.get(name, _NOTHING), item) for name, item in handed.items()}
+    if kind is list or kind is tuple:
+        count = len(x)
+        again = [
+            _as_handed(x[at] if at < count else _NOTHING, item) for at, item in enumerate(handed)
+        ]
+        return again if kind is list else tuple(again)
+    return handed
 
 
 def _first_of_each(

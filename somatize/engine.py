@@ -174,7 +174,7 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                     state.emit({"fact": "spared", "node": node})
                     continue
                 if not preds:
-                    state.reads_input(plan, node, x)
+                    state.reads_input(plan, node, x, value_of)
                 elif node in sharing:
                     state.reads_shared(plan, node)
                 inputs = [values[p] for p in preds] if preds else [value_of]
@@ -470,7 +470,7 @@ def run(
                     continue
                 preds = static.preds[node]
                 if not preds:
-                    state.reads_input(plan, node, x)
+                    state.reads_input(plan, node, x, value_of)
                 elif node in sharing:
                     state.reads_shared(plan, node)
                 inputs = [values[p] for p in preds] if preds else [value_of]

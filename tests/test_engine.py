@@ -2253,6 +2253,50 @@ def test_an_input_a_node_wrote_into_is_not_keyed_as_it_was_handed_in(store: Stor
     assert alone.record is not None and alone.record.outcome == {"sort": "recalled"}
 
 
+class Pops(Node):
+    """Takes `n` out of the dict it is handed."""
+
+    def forward(self, x: dict[str, Any], ctx: Any) -> Any:
+        return x.pop("n")
+
+
+class Gets(Node):
+    """`n` of the dict it is handed, or -1 where it holds none."""
+
+    def forward(self, x: dict[str, Any], ctx: Any) -> Any:
+        return x.get("n", -1)
+
+
+def test_an_input_holding_an_opaque_a_node_wrote_into_is_not_keyed_as_handed_in(
+    store: Store,
+) -> None:
+    """An input holding an Opaque is handed to the nodes in a dict or list of its own, with
+    what the Opaque wraps in its place: a node that writes into that (pops from the dict,
+    sorts the list) leaves the input handed in as it was, and a keyed node reading it after
+    that node fails, as it does where the input holds no Opaque, where what it computed
+    from the written input was kept, and recalled, as its answer to the input handed in."""
+
+    def made() -> dict[str, Any]:
+        return {"n": 5, "blob": Opaque(b"abc")}
+
+    g = Graph.somatize((Pops().named("pop").frozen(), Gets().named("get").frozen().cached()))
+    with pytest.raises(NodeFailed, match=r"`get` .*the graph's input after `pop`.* wrote into it"):
+        g.forward(made(), store=store)
+    assert g.record is not None and g.record.outcome == {"pop": "ran", "get": "failed"}
+    assert g.forward(made(), store=store, outputs="get") == 5  # read alone: as handed in
+    assert g.forward(made(), store=store, outputs="get") == 5
+    assert g.record.outcome == {"pop": "spared", "get": "recalled"}
+
+    listed = Graph.somatize(
+        (SortsInPlace().named("sort").frozen(), Head().named("head").frozen().cached())
+    )
+    with pytest.raises(NodeFailed, match=r"`head` .*`sort`.* wrote into it"):
+        listed.forward([Opaque(b"b"), Opaque(b"a")], store=store)
+    # What the Opaque wraps, handed back unchanged (or another equal to it), is no change.
+    same = Graph.somatize((Echo().named("echo").frozen(), Gets().named("get").frozen().cached()))
+    assert same.forward(made(), store=store) == ({"n": 5, "blob": b"abc"}, 5)
+
+
 class Listed(Node):
     """The list it is handed, as a list of its own."""
 
