@@ -82,6 +82,9 @@ class _Run:
         """The nodes whose answers this forward hands back (``outputs=``)."""
         self.running: frozenset[str] | None = None
         """The nodes this forward runs, once planned; None for all of them."""
+        self.input: tuple[Any, Any, str | None] | None = None
+        """The graph's input, what its nodes are handed of it (:meth:`reads_input`), and
+        its key as it was handed in (None where it is not keyed)."""
         self.read_input: list[str] = []
         """The nodes that read the graph's input, in the order they were handed it."""
         self.handed: dict[str, list[str]] = {}
@@ -343,14 +346,33 @@ class _Run:
                 if not any(value is read for read in handed):
                     continue
                 try:
-                    mark = _mark_of(value)
-                except CodecError:
+                    mark = self._mark_of(value)
+                except (CodecError, NotCanonical):
                     continue  # nothing tells it unchanged: handed on unchecked, as elsewhere
                 noted.append((value, mark, node))
-                shares.append((value, mark, other))
+                shares.append((value, self._handed_as(value, mark), other))
         if local:
             self.beside[node] = (inputs, shares)
         return shares or None
+
+    def _mark_of(self, value: Any) -> Hashable:
+        """What tells ``value`` unchanged (:func:`_mark_of`); the graph's input, where its
+        nodes are handed lists and dicts of its own holding what an Opaque in it wraps, by
+        its key as they hold it now (:func:`_as_handed`), which no codec may weigh whole."""
+        given = self.input
+        if given is not None and value is given[1]:
+            return root_key(_as_handed(given[0], value))
+        return _mark_of(value)
+
+    def _handed_as(self, value: Any, mark: Hashable) -> Hashable:
+        """What tells ``value``, marked ``mark`` as a node is handed it, as that node was
+        handed it: the graph's input by its key as it was handed in, which a keyed node
+        handed it after another was found it still held (:meth:`reads_input`), as a node
+        beside it may have written into it since; ``mark`` otherwise."""
+        given = self.input
+        if given is not None and value is given[1] and given[2] is not None:
+            return given[2]
+        return mark
 
     def answered_beside(
         self, plan: Plan, node: str, shares: list[tuple[Any, Hashable, str]] | None = None
@@ -369,8 +391,8 @@ class _Run:
         moved: dict[int, tuple[Any, list[str]]] = {}
         for value, mark, other in shares:
             try:
-                changed = _mark_of(value) != mark
-            except CodecError:  # something no codec weighs was written into it
+                changed = self._mark_of(value) != mark
+            except (CodecError, NotCanonical):  # something no codec weighs was written into it
                 changed = True
             if changed:
                 moved.setdefault(id(value), (value, []))[1].append(other)

@@ -454,6 +454,7 @@ def run(
             if refused is not None:
                 raise refused
         value_of = _opened(x)
+        state.input = (x, value_of, plan.root)
         recalled = plan.recalled
         values = state.values
         placement = graph.placement

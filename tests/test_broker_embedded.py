@@ -29,6 +29,7 @@ from somatize import (
     Graph,
     Node,
     NodeFailed,
+    Opaque,
     Store,
     Unbuildable,
 )
@@ -2568,28 +2569,27 @@ def test_an_answer_a_worker_computed_while_its_code_was_changed_is_not_kept(
     assert fresh.forward(1, store=store, strict=True) == 3
 
 
-class _SumsOnceWritten(Node):
-    """Sums the list it is handed once ``written`` is set (another branch wrote into it)."""
+class _Signalled(Node):
+    """A node told by ``written`` that a branch beside it wrote into what both are handed
+    (declared by nothing else: the event is no argument of its answers)."""
 
     def __init__(self, written: threading.Event) -> None:
         self.written = written
 
     def declare(self) -> dict[str, Any]:
         return {}
+
+
+class _SumsOnceWritten(_Signalled):
+    """Sums the list it is handed once ``written`` is set (another branch wrote into it)."""
 
     def forward(self, xs: list[int], ctx: Any) -> int:
         self.written.wait(10)
         return sum(xs)
 
 
-class _WritesFirst(Node):
+class _WritesFirst(_Signalled):
     """Writes into the list it is handed, then sets ``written``."""
-
-    def __init__(self, written: threading.Event) -> None:
-        self.written = written
-
-    def declare(self) -> dict[str, Any]:
-        return {}
 
     def forward(self, xs: list[int], ctx: Any) -> int:
         xs[0] = -100
@@ -2641,6 +2641,44 @@ def test_a_keyed_node_here_whose_input_a_node_on_a_local_worker_writes_into_fail
     broker = Broker.embedded({"w1": Worker.generic(mode="local")})
     with pytest.raises(NodeFailed, match=r"`sum`.*ran at the same time as `writes`.*changed"):
         g.forward([1, 2, 3], store=store, broker=broker)
+    assert _answers(store) == []
+
+
+class _GetsOnceWritten(_Signalled):
+    """`n` of the dict it is handed (-1 where it holds none), once ``written`` is set."""
+
+    def forward(self, x: dict[str, Any], ctx: Any) -> int:
+        self.written.wait(10)
+        return int(x.get("n", -1))
+
+
+class _PopsFirst(_Signalled):
+    """Takes `n` out of the dict it is handed, then sets ``written``."""
+
+    def forward(self, x: dict[str, Any], ctx: Any) -> int:
+        n = int(x.pop("n"))
+        self.written.set()
+        return n
+
+
+def test_a_keyed_node_handed_an_input_holding_an_opaque_a_node_beside_it_writes_into_fails(
+    store: Store,
+) -> None:
+    """The graph's input holding an Opaque tensor beside plain values, which no codec weighs
+    whole once the tensor is unwrapped, handed to a node on a local worker that writes
+    into it (pops from the dict) while a cached node here reads it: the cached node's
+    answer, computed from the written input, was kept under the key of the input as it
+    was handed in. It fails, and nothing is kept."""
+    written = threading.Event()
+    g = Graph.somatize(
+        (
+            _PopsFirst(written).named("pops").frozen().at("w1"),
+            _GetsOnceWritten(written).named("gets").frozen().cached(),
+        )
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+    with pytest.raises(NodeFailed, match=r"`gets`.*ran at the same time as `pops`.*changed"):
+        g.forward({"n": 5, "t": Opaque(torch.ones(2))}, store=store, broker=broker)
     assert _answers(store) == []
 
 
