@@ -14,9 +14,10 @@ fitting starts.
 
 What depends on the fit is checked once it is known: rows keyed by sample index under
 the callback's one ``version`` cannot tell the samples of two training loaders apart
-(each has a sample 0), so more than one is refused when the training epoch starts
-(:func:`one_training_set`), unless each is over a
-:class:`~somatize_torch.deferred.Deferred` with a version of its own.
+(each has a sample 0), nor those of two evaluation loaders whose batches come in one
+step, so more than one is refused when the epoch starts (:func:`one_set_a_step`),
+unless each is over a :class:`~somatize_torch.deferred.Deferred` with a version of its
+own.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ __all__ = [
     "cached_twice",
     "check_flags",
     "module_names",
-    "one_training_set",
+    "one_set_a_step",
     "prefill_keyed_as",
     "prefill_module",
     "writable_store",
@@ -140,23 +141,37 @@ def prefill_keyed_as(stage: str, dataloader_idx: int) -> tuple[Stage, int]:
     return cast(Stage, stage), dataloader_idx
 
 
-def one_training_set(loop: Any, version: str) -> None:
-    """Refuses training loaders keyed by the callback's ``version`` (by sample index) when
-    there is more than one: their samples cannot be told apart (each has a sample 0). A
-    loader over a :class:`~somatize_torch.deferred.Deferred` with a version of its own
-    keys its rows under that one."""
+def one_set_a_step(loop: Any, version: str, stage: Stage) -> None:
+    """Refuses loaders of ``stage`` keyed by the callback's ``version`` (by sample index)
+    whose samples a step is handed without being told apart (each has a sample 0): more
+    than one training loader, or more than one evaluation loader in a ``CombinedLoader``
+    of another mode than ``"sequential"`` (its batch holds one batch of each, with no
+    ``dataloader_idx`` to key them apart by; in that mode each loader's rows are keyed
+    under a version of its own). A loader over a
+    :class:`~somatize_torch.deferred.Deferred` with a version of its own keys its rows
+    under that one."""
     combined = getattr(loop, "_combined_loader", None)
     if not isinstance(combined, CombinedLoader):
         return  # another Lightning than the one this reads
+    mode = getattr(combined, "_mode", None)
+    if stage != "train" and mode in (None, "sequential"):
+        return
     plain = [dl for dl in combined.flattened if not _versioned(dl)]
     if len(plain) > 1:
+        at_once = (
+            "this fit trains on"
+            if stage == "train"
+            else f"each {stage} step is handed a batch of each of (a CombinedLoader in mode "
+            f"{mode!r})"
+        )
         raise CacheFrozenError(
-            f"key='index' with version={version!r} keys each training row by its sample "
-            f"index within the data that version names, and this fit trains on "
+            f"key='index' with version={version!r} keys each {stage} row by its sample "
+            f"index within the data that version names, and {at_once} "
             f"{len(plain)} loaders whose samples it cannot tell apart (each has a sample 0): "
             "one loader's rows would be answered with another's. Give each loader a "
             "`Deferred` dataset with a version of its own, or key rows by content "
             "(key='content')"
+            + ("" if stage == "train" else ", or combine the loaders in mode 'sequential'")
         )
 
 

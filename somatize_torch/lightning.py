@@ -166,7 +166,7 @@ from somatize_torch._lightning_modules import (
 from somatize_torch._lightning_options import (
     check_flags,
     module_names,
-    one_training_set,
+    one_set_a_step,
     prefill_keyed_as,
     prefill_module,
     writable_store,
@@ -692,8 +692,7 @@ class CacheFrozen(Callback):
     on_predict_batch_start = on_validation_batch_start
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.key == "index" and self.version is not None and self._cached:
-            one_training_set(trainer.fit_loop, self.version)
+        self._one_set_a_step(trainer.fit_loop, "train")
         self._fresh("train")
         self._fetch_ahead(pl_module, trainer.fit_loop)
         self._begin("train")
@@ -738,11 +737,18 @@ class CacheFrozen(Callback):
         for cached in self._cached.values():
             cached.evaluation_began()
 
+    def _one_set_a_step(self, loop: Any, stage: Stage) -> None:
+        """Refuses loaders of ``stage`` whose rows, keyed by index under the callback's
+        version, one step would take for one another's (:func:`one_set_a_step`)."""
+        if self.key == "index" and self.version is not None and self._cached:
+            one_set_a_step(loop, self.version, stage)
+
     def on_validation_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        fitting = trainer.state.fn == "fit"
+        loop = trainer.fit_loop.epoch_loop.val_loop if fitting else trainer.validate_loop
+        self._one_set_a_step(loop, "validate")
         self._fresh("validate")
         if not trainer.sanity_checking:
-            fitting = trainer.state.fn == "fit"
-            loop = trainer.fit_loop.epoch_loop.val_loop if fitting else trainer.validate_loop
             self._fetch_ahead(pl_module, loop)
         self._begin("validate")
 
@@ -785,6 +791,7 @@ class CacheFrozen(Callback):
                 warnings.warn(never, NeverHits, stacklevel=2)
 
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._one_set_a_step(trainer.test_loop, "test")
         self._fresh("test")
         self._begin("test")
 

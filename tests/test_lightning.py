@@ -1064,6 +1064,50 @@ def test_each_evaluation_loader_keys_its_own_rows(tmp_path: Path) -> None:
         )
 
 
+class IndexedTogether(Indexed):
+    """Evaluates on a dict of loaders handed to each step at once, keeping each one's
+    features."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: dict[str, list[torch.Tensor]] = {}
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        for name, (x, _, index) in batch.items():
+            self.seen.setdefault(name, []).append(self._features(x, index))
+
+    test_step = validation_step
+
+
+def test_evaluation_loaders_handed_to_one_step_keyed_by_index_are_refused(
+    tmp_path: Path,
+) -> None:
+    """Two evaluation loaders in a CombinedLoader whose every batch holds one of each
+    (mode "max_size") come to a step with no loader index to key them apart by: keyed by
+    index under the callback's version, the second loader's rows would be answered with
+    the first one's. Refused, as two training loaders are; in mode "sequential" each gets
+    its own samples' features, as without the callback."""
+    from lightning.pytorch.utilities import CombinedLoader
+
+    for run in ("validate", "test"):
+        callback = CacheFrozen(None, ["encoder"], key="index", version="toy@1")
+        together = CombinedLoader({"a": _indexed(2), "b": _indexed(3)}, "max_size")
+        check = trainer(
+            tmp_path, 1, callbacks=[callback], limit_val_batches=1, limit_test_batches=1
+        )
+        with pytest.raises(CacheFrozenError, match="2 loaders whose samples it cannot tell apart"):
+            getattr(check, run)(IndexedTogether(), together, verbose=False)
+
+    features = []
+    for callbacks in ([CacheFrozen(None, ["encoder"], key="index", version="toy@1")], []):
+        model = IndexedTwice()
+        check = trainer(tmp_path, 1, callbacks=callbacks, limit_val_batches=1)
+        in_turn = CombinedLoader([_indexed(2), _indexed(3)], "sequential")
+        check.validate(model, in_turn, verbose=False)
+        features.append({k: torch.cat(v) for k, v in model.seen.items()})
+    assert torch.equal(features[0][1], features[1][1])
+
+
 class InHooksOverLoaders(IndexedInHooks):
     """:class:`IndexedInHooks` evaluating on several loaders."""
 
