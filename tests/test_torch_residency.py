@@ -44,6 +44,7 @@ from somatize_torch.codec import TENSOR
 from somatize_torch.residency import ROW_INDEX_BYTES, Tier
 from somatize_torch.rows import cache_rows
 from somatize_torch.writer import WaitsForItself, WriteFailed, Writer, store_lock
+from tests.conftest_s3 import s3_options, s3_url
 from tests.forked import in_child, in_forked_child
 from tests.test_torch_rows import HalfOfMap, Magnitudes, expected, laid_out_otherwise
 
@@ -743,6 +744,62 @@ def test_a_store_read_that_fails_computes_the_rows_again_and_says_so(
     assert torch.equal(cached(x), truth(x))  # from memory now: nothing more to say
     assert cached.stats.rows_unread == 16
     cached.close()
+
+
+@pytest.mark.parametrize("home", ["local", "bucket"])
+def test_a_damaged_pack_is_read_once_and_its_rows_written_again(
+    tmp_path: Path, home: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pack of rows whose blob was changed in the store since it was kept is read once:
+    found damaged, its rows are misses from then on, not read again at each batch that
+    needs one (a bucket downloaded it at every such batch), computed and written again,
+    so that another store object recalls them."""
+    where = str(tmp_path / "store") if home == "local" else s3_url()
+
+    def opened() -> Store:
+        """A store object of its own, holding nothing another one read."""
+        if home == "local":
+            return Store(where)
+        return Store.on_bucket(where, **s3_options(), skip_instance_cache=True)
+
+    x = rows(16)
+    first = cache_rows(mlp(), opened())
+    first(x)
+    first.flush()
+    first.close()
+    reader = opened()
+    [pack] = reader.recall_many(first.row_keys(x)[:1]).values()
+    assert not isinstance(pack, Exception)
+    blob = pack[0].value
+    whole = bytes(reader.get(blob))
+    damaged = whole[:-1] + bytes([whole[-1] ^ 0xFF])
+    if isinstance(reader, LocalStore):
+        Path(reader._blob_file(blob)).write_bytes(damaged)
+    else:
+        reader.fs.pipe_file(reader._blob_path(blob), damaged)
+    reader = opened()
+    reads: list[str] = []
+    read_blob = reader._read_blob
+
+    def counted(digest: str, *args: Any, **kwargs: Any) -> memoryview:
+        reads.append(digest)
+        return read_blob(digest, *args, **kwargs)
+
+    monkeypatch.setattr(reader, "_read_blob", counted)
+    cached = cache_rows(mlp(), reader)
+    with pytest.warns(SomatizeWarning, match="could not be read back"):
+        assert torch.equal(cached(x[:4]), truth(x[:4]))
+    for start in range(4, 16, 4):
+        assert torch.equal(cached(x[start : start + 4]), truth(x[start : start + 4]))
+    assert reads.count(blob) == 1
+    stats = cached.stats
+    assert (stats.computed, stats.from_store, stats.rows_unread) == (16, 0, 4)
+    cached.flush()
+    cached.close()
+    again = cache_rows(mlp(), opened())
+    assert torch.equal(again(x), truth(x))
+    assert again.stats.from_store == 16
+    again.close()
 
 
 def _fail_packs_listing(reader: Store, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -226,9 +226,10 @@ class BucketNotes:
     """Pack id → the version of its index (:func:`~somatize.store._bucket_upkeep.version_of`)
     as the last look at ``packs/`` listed it."""
     damaged_indexes: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
-    """Pack id → the version of its index found damaged or unsigned: not read again while
-    it is listed so, since its items are misses all the same; one written over it later (a
-    repair) is listed as another version, and read."""
+    """Pack id → the version of its index found damaged or unsigned, or read as it was when
+    its blob was found damaged: not read again while it is listed so, since its items are
+    misses all the same; one written over it later (a repair) is listed as another version,
+    and read."""
     merging: _Merging | None = None
     """The ``used/`` logs a gc read, the times merged from them, and the answers and packs
     it kept, until it replaces the logs with one (together, so that one gc never removes

@@ -515,6 +515,13 @@ class PackedHome(Store):
         it, is damaged or unsigned (its items are misses). A home that can tell that index
         from one written over it later (a bucket) need not read it at the next look."""
 
+    def _blob_damaged(self, pack: PackIndex) -> None:
+        """Notes that the blob of ``pack`` was found damaged (its items are misses, computed
+        and kept again). A home whose next look would adopt that pack again and read its
+        blob once more at every miss, having no cheap way to see the blob is not whole
+        (a bucket; a local store sees it by a stat), need not adopt it while its index is
+        the one read now."""
+
     def _forget_blob(self, digest: str) -> None:
         """Drops what is held in memory about blob ``digest``."""
         with self._lock:
@@ -801,11 +808,13 @@ class PackedHome(Store):
                 data = whole[offset : offset + answer.size]
                 if pack is not None:
                     self._used_packs[pack.id] = now
-        except (Missing, Corrupt):
+        except (Missing, Corrupt) as why:
             self._forget(answer)
             pack = self._items.get(key)
             if pack is not None and pack.blob == answer.value:
                 self._drop_pack(pack)
+                if isinstance(why, Corrupt):
+                    self._blob_damaged(pack)
             raise
         self._write_down_uses(now)
         return answer, data
@@ -842,6 +851,7 @@ class PackedHome(Store):
                 continue
             except Corrupt as why:
                 self._drop_pack(pack)
+                self._blob_damaged(pack)
                 for key in members:
                     out[key] = why
                 continue

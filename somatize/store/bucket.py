@@ -10,9 +10,10 @@ A bucket is shaped by what a request costs — tens of milliseconds, where a loc
   listed but not yet read is believed; should its blob be gone, ``recall`` says
   Missing and the engine recomputes — never a wrong answer.
 - packed item answers are found through the pack indexes (a listing and one read
-  per new pack), so 100,000 items are a handful of requests. An index found damaged
-  is read again only once a listing shows another object there (a repair): its items
-  are misses, and a miss costs no request for it.
+  per new pack), so 100,000 items are a handful of requests. An index found damaged,
+  or one whose blob was found damaged, is read again only once a listing shows another
+  object there (a repair): its items are misses, and a miss costs no request for it or
+  its blob.
 - records and small verified blobs read once are held in memory (a read hands out
   a copy, so a recalled value written in place changes no later recall); a ``cache=``
   directory in front (a :class:`LocalStore`) holds blobs, records and indexes
@@ -870,6 +871,11 @@ class BucketStore(BucketShelf):
         version = self._noted.indexes.get(pack_id)
         if version is not None:  # a listing that tells no versions apart: read each time
             self._noted.damaged_indexes[pack_id] = version
+
+    def _blob_damaged(self, pack: PackIndex) -> None:
+        # Not adopted again while its index is listed as it was read: each miss would
+        # otherwise look at the blob (download it, where it could not be moved aside).
+        self._index_damaged(pack.id)
 
     # -- upkeep -------------------------------------------------------------------------------
 
