@@ -509,6 +509,30 @@ def test_a_network_worker_runs_its_node_in_the_caller_s_grad_mode(
         g.forward(x, broker=network)
 
 
+@pytest.mark.parametrize("timeout_s", [None, 60.0])
+def test_a_network_worker_answers_an_inference_tensor_under_inference_mode(
+    timeout_s: float | None,
+) -> None:
+    """Under ``torch.inference_mode()``, a frozen module on a network worker answers an
+    inference tensor, as it does run here and recalled from the store: its answer was
+    decoded on the worker's thread, out of the caller's inference mode, and came back a
+    plain tensor. Placed there by a first forward under ``torch.inference_mode()``, it is
+    built as the worker builds it, not as an inference tensor of weights the worker then
+    failed to load the frozen state into (a RuntimeError)."""
+    torch.manual_seed(0)
+    enc = ModuleNode.build(nn.Linear, 3, 2)
+    g = Graph.somatize(Echo().named("s") >> enc.named("enc").frozen().at("w1"))
+    freeze(g)
+    network = Broker.embedded({"w1": Worker.generic(mode="network")}, timeout_s=timeout_s)
+    with torch.inference_mode():
+        x = torch.ones(4, 3)
+        out, here = g.forward(x, broker=network), g.forward(x)
+    assert here.is_inference() and out.is_inference() and torch.equal(out, here)
+    out = g.forward(x, broker=network)  # with inference mode off, as it is here
+    assert not out.is_inference() and not g.forward(x).is_inference()
+    network.close()
+
+
 def test_a_copy_that_changes_its_arguments_as_it_runs_is_built_again(store: Store) -> None:
     """A node that advances an argument it keeps (``self.step += 1``) on a network worker
     answers each job as the node its key names: the copy that stepped is let go of and the

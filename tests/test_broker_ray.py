@@ -340,6 +340,16 @@ def test_a_frozen_module_on_a_ray_worker(broker: Any, store: Store) -> None:
     assert [f["fact"] for f in again].count("ran") == 2
 
 
+def test_a_ray_worker_answers_an_inference_tensor_under_inference_mode(broker: Any) -> None:
+    """Under ``torch.inference_mode()``, a frozen encoder on a Ray actor answers an
+    inference tensor, as it does run here: its answer was decoded out of the caller's
+    inference mode, on the thread that waited for the actor, and came back a plain tensor."""
+    g, _ = _encoder_graph()
+    with torch.inference_mode():
+        out, here = g.forward({"at": 0, "take": 5}, broker=broker), g.forward({"at": 0, "take": 5})
+    assert here.is_inference() and out.is_inference() and torch.equal(out, here)
+
+
 def test_a_refrozen_module_on_a_ray_worker(broker: Any, store: Store) -> None:
     """Weights changed and frozen again reach the actor, which answers as the changed module
     does here, under the new key the client computes."""

@@ -34,11 +34,9 @@ is refused there.
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, ExitStack, nullcontext
 from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any
 
@@ -47,7 +45,7 @@ from somatize.catalog import Blueprint, Catalog, own_state
 from somatize.node import Context, running_here
 
 from .base import Broker, Done, WorkerTimeout, _check_timeout
-from .host import Host, NeedState, crossings, job_for, unpack
+from .host import Host, NeedState, callers_modes, crossings, job_for, unpacker
 from .worker import BadWorker, Worker
 
 if TYPE_CHECKING:
@@ -133,7 +131,7 @@ class EmbeddedBroker(Broker):
     ) -> Callable[[], Done]:
         if not self.workers[worker].crosses:
             here = graph.node(node)
-            modes = _grad_modes()  # the caller's, read on its thread
+            modes = callers_modes()  # the caller's, read on its thread
 
             def run_here() -> Done:
                 start = time.perf_counter_ns()
@@ -147,6 +145,7 @@ class EmbeddedBroker(Broker):
         job, sent = job_for(
             graph, node, worker, blueprint, inputs, ctx, keep=keep, holder=self._holder(graph)
         )
+        unpack = unpacker()  # in the caller's inference mode, read on its thread
 
         def run_there(host: Host) -> Done:
             start = time.perf_counter_ns()
@@ -209,25 +208,6 @@ class EmbeddedBroker(Broker):
             raise error
         assert done is not None
         return done
-
-
-def _grad_modes() -> Callable[[], AbstractContextManager[Any]]:
-    """What enters, on a local worker's thread, the grad mode and inference mode of the
-    thread that calls this (``torch.no_grad()``, ``torch.inference_mode()``), which torch
-    keeps per thread: the node runs there as it would where the graph is called. Nothing
-    where torch is not imported, and no tensor either."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return nullcontext
-    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-
-    def enter() -> AbstractContextManager[Any]:
-        entered = ExitStack()
-        entered.enter_context(torch.inference_mode(inference))
-        entered.enter_context(torch.set_grad_enabled(grad))  # sets it as it is made: here
-        return entered
-
-    return enter
 
 
 class _Runner:

@@ -80,7 +80,7 @@ import importlib
 import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -232,6 +232,51 @@ def _grad_mode(on: bool) -> AbstractContextManager[Any]:
     not imported, and no tensor either."""
     torch = sys.modules.get("torch")
     return nullcontext() if torch is None else torch.set_grad_enabled(on)
+
+
+def callers_modes() -> Callable[[], AbstractContextManager[Any]]:
+    """What enters, on another thread (a worker's), the grad mode and inference mode of the
+    thread that calls this (``torch.no_grad()``, ``torch.inference_mode()``), which torch
+    keeps per thread: what runs or is decoded there is as it would be where the graph is
+    called. Nothing where torch is not imported, and no tensor either."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return nullcontext
+    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+    return lambda: _in_modes(grad, inference)
+
+
+def _in_modes(grad: bool, inference: bool) -> AbstractContextManager[Any]:
+    """Grad mode ``grad`` and inference mode ``inference``, entered now in this thread and
+    left as the context is (torch is imported)."""
+    torch = sys.modules["torch"]
+    entered = ExitStack()
+    entered.enter_context(torch.inference_mode(inference))
+    entered.enter_context(torch.set_grad_enabled(grad))  # sets it as it is made: here
+    return entered
+
+
+def _as_a_worker_builds() -> AbstractContextManager[Any]:
+    """The modes a worker's own thread or process builds a node in (grad on, inference mode
+    off), whatever those of the thread that admits it: a module built under the caller's
+    ``torch.inference_mode()`` would hold inference tensors, which the state it is then
+    sent cannot be loaded into."""
+    return nullcontext() if "torch" not in sys.modules else _in_modes(True, False)
+
+
+def unpacker() -> Callable[[str, Buffer], Any]:
+    """What unpacks an answer that crossed back from a network worker as it would be made
+    where the graph is called, on whichever thread the reply is read: in the inference mode
+    of the thread that calls this (:func:`callers_modes`), so that an answer to a forward
+    under ``torch.inference_mode()`` is an inference tensor, as the node's own answer there
+    and one recalled from the store are."""
+    modes = callers_modes()
+
+    def unpacked(codec: str, data: Buffer) -> Any:
+        with modes():
+            return unpack(codec, data)
+
+    return unpacked
 
 
 def _needs_grad(value: Any) -> bool:
@@ -431,7 +476,8 @@ class Host:
                 self._forget(blueprint)  # built from a class since redefined (a notebook)
                 found = None
             if found is None:
-                found = self.catalog.build(Blueprint.from_bytes(blueprint))
+                with _as_a_worker_builds():  # on the caller's thread, in its modes
+                    found = self.catalog.build(Blueprint.from_bytes(blueprint))
                 if holds:
                     self._spare[blueprint] = found
                 else:

@@ -71,7 +71,7 @@ from .base import (
     _check_timeout,
     _seconds,
 )
-from .host import Host, Job, NeedState, Reply, crossings, held_state, job_for, unpack
+from .host import Host, Job, NeedState, Reply, crossings, held_state, job_for, unpacker
 from .worker import BadWorker, Worker
 
 if TYPE_CHECKING:
@@ -566,6 +566,7 @@ class RayBroker(Broker):
         payloads = [ray.put(data) if len(data) > _INLINE else data for data in sent]
         with self._lock:
             closes = self._closes
+        unpack = unpacker()  # in the caller's inference mode, read on its thread
 
         def run() -> Done:
             start = time.perf_counter_ns()
