@@ -168,6 +168,8 @@ class SettingsWatch:
         "_bytearrays",
         "_bytes",
         "_containers",
+        "_counted",
+        "_counts",
         "_dicts",
         "_functions",
         "_held_bytes",
@@ -183,6 +185,7 @@ class SettingsWatch:
         "_objects",
         "_own",
         "_owners",
+        "_places",
         "_read",
         "_sizes",
         "_slots",
@@ -194,7 +197,6 @@ class SettingsWatch:
         "_values",
         "_versions",
         "_walked",
-        "_written",
     )
     _read: Reads
 
@@ -277,8 +279,14 @@ class SettingsWatch:
         self._issued = _HANDLES.next_id
         # What may change in place, looked at beyond its identity.
         found = {id(v): v for v in [*values, *within]}.values()
+        # Each tensor by where its memory is (`t.data = ...`) and, but one made under
+        # `torch.inference_mode`, which keeps none, its version counter (a write in place):
+        # read by torch's own getters, mapped, not through a function of ours per tensor,
+        # which cost a third more (a list of thousands of tensors, looked at every call).
         self._tensors = [v for v in found if isinstance(v, torch.Tensor)]
-        self._written = tuple(map(_written, self._tensors))
+        self._places = tuple(map(_PLACE, self._tensors))
+        self._counted = [v for v in self._tensors if not v.is_inference()]
+        self._counts = tuple(map(_COUNT, self._counted))
         # Each list, dict or set a part or config keeps, or a function binds, and each one
         # held in those in turn (`config.layers[0][1] = 5`): its items by identity.
         held_in = [v for v in [*values, *bound] if isinstance(v, (list, dict, set))]
@@ -313,7 +321,11 @@ class SettingsWatch:
             or tuple(map(len, self._tables)) != self._sizes
             # Any hook registered anywhere since: was one registered here?
             or (_HANDLES.next_id != self._issued and tuple(map(tuple, self._hooks)) != self._marks)
-            or tuple(map(_written, self._tensors)) != self._written
+            or tuple(map(_PLACE, self._tensors)) != self._places
+            # One given memory made under `torch.inference_mode` (`t.data = ...`), even at
+            # the same place, keeps no count from then on: asked first.
+            or any(map(_INFERENCE, self._counted))
+            or tuple(map(_COUNT, self._counted)) != self._counts
             or tuple(map(_dict_version or id, self._dicts)) != self._versions
             or tuple(map(len, itertools.chain(self._containers, self._tables_in))) != self._lengths
             or not all(map(operator.is_, _contents(self._containers, self._tables_in), self._items))
@@ -532,10 +544,14 @@ holds a frozen module in eval (put there and taken away by freezing, not a setti
 _HOOK_TABLES = ("_forward_pre_hooks", "_forward_hooks")
 
 
-def _written(tensor: torch.Tensor) -> tuple[int, int]:
-    """Where a tensor's memory is and its version counter (-1 for an inference tensor,
-    which keeps none): ``t.data = ...`` moves the one, a write in place the other."""
-    return tensor.data_ptr(), -1 if tensor.is_inference() else tensor._version
+_PLACE = torch.Tensor.data_ptr
+"""Where a tensor's memory is: ``t.data = ...`` moves it."""
+
+_INFERENCE = torch.Tensor.is_inference
+
+_COUNT = operator.attrgetter("_version")
+"""A tensor's version counter, which a write in place moves (but in one made under
+``torch.inference_mode``, which keeps none)."""
 
 
 def _items(value: list[Any] | dict[Any, Any] | set[Any]) -> tuple[Any, ...]:

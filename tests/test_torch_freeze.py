@@ -1528,6 +1528,43 @@ def test_a_large_numpy_array_is_compared_in_place_at_each_call(store: Store) -> 
         assert not watch.changed()
 
 
+def test_each_change_to_a_list_of_tensors_a_module_keeps_is_seen() -> None:
+    """A plain list of tensors a module keeps for its forward (``self.scales =
+    [torch.ones(3)]``) is looked at by each tensor's memory and version counter, and by
+    the list's items: a write in place into any of them, one given other memory
+    (``t.data = ...``, or memory made under ``torch.inference_mode()`` where its own was),
+    one replaced, appended or taken out is seen; reading them is no change."""
+    from somatize_torch._settings import SettingsWatch
+
+    module = nn.Linear(3, 3)
+    module.scales = [torch.ones(3) for _ in range(1000)]
+    with torch.inference_mode():
+        module.scales.append(torch.ones(3))  # keeps no version counter
+
+    def given_inference_memory(tensor: torch.Tensor) -> None:
+        with torch.inference_mode():
+            same = torch.from_numpy(tensor.numpy())  # its own memory, at the same place
+        tensor.data = same
+
+    changes: list[Callable[[], Any]] = [
+        lambda: module.scales[0].mul_(2.0),
+        lambda: module.scales[-2][1].fill_(5.0),
+        lambda: setattr(module.scales[3], "data", torch.zeros(3)),
+        lambda: given_inference_memory(module.scales[4]),
+        lambda: module.scales.__setitem__(5, torch.ones(3)),
+        lambda: module.scales.append(torch.ones(3)),
+        lambda: module.scales.pop(6),
+        lambda: setattr(module, "scales", module.scales[:-1]),
+    ]
+    for change in changes:
+        watch = SettingsWatch(module)
+        assert torch.stack(module.scales).sum() > 0
+        assert not watch.changed()
+        change()
+        assert watch.changed()
+        assert watch.changed()  # and still, asked again
+
+
 class Tabled(nn.Module):
     """Scales its output by what a table it keeps says, itself and in a config (as a
     tokenizer's vocabulary is kept)."""
