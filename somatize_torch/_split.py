@@ -42,6 +42,7 @@ import threading
 import traceback
 import types
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import CodeType
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -64,7 +65,41 @@ if TYPE_CHECKING:
     from somatize_torch.wrap import Wrapped
 
 
-class _Tracer(fx.Tracer):
+class _KeepsKinds(fx.Tracer):
+    """A tracer that writes a dict or list of a class of its own into the code as one of
+    that class, or refuses it (:meth:`create_arg`)."""
+
+    def create_arg(self, a: Any) -> Any:
+        """What fx writes into the code for ``a``, the forward's answer or what it hands a
+        call. fx makes a plain dict of any dict and a plain list of any list, so a subclass
+        (Hugging Face's ``ModelOutput``, an ``OrderedDict``) would come back as a plain
+        one: an ``OrderedDict`` is made as one in the code, a dataclass that is a dict
+        holding its fields that are not None (a ``ModelOutput``) is made by its class from
+        its fields, as fx makes any other dataclass, and any other subclass is refused."""
+        kind = type(a)
+        if kind is dict or kind is list or not isinstance(a, (dict, list)):
+            return super().create_arg(a)
+        if isinstance(
+            a, (fx.immutable_collections.immutable_dict, fx.immutable_collections.immutable_list)
+        ):
+            return super().create_arg(a)
+        if isinstance(a, dict) and kind is OrderedDict:
+            pairs = [(self.create_arg(k), self.create_arg(v)) for k, v in a.items()]
+            return self.create_node("call_function", OrderedDict, (pairs,), {})
+        if isinstance(a, dict) and _made_of_fields(a):
+            fields = dataclasses.fields(a)  # type: ignore[arg-type]  # a dataclass: just asked
+            kwargs = {f.name: self.create_arg(getattr(a, f.name)) for f in fields}
+            return self.create_node("call_function", kind, (), kwargs)
+        base = "dict" if isinstance(a, dict) else "list"
+        raise Fixed(
+            f"hands back, or hands a call, a `{kind.__qualname__}`, a subclass of `{base}`, "
+            f"which torch.fx makes a plain `{base}` of as it traces, so the wrapped model would "
+            f"hand a plain `{base}` where the model hands a `{kind.__qualname__}`. Hand a "
+            f"`{base}`, a tuple, an `OrderedDict`, a namedtuple or a dataclass instead"
+        )
+
+
+class _Tracer(_KeepsKinds):
     """Keeps declared submodules and the standard ``torch.nn`` layers whole, and reads the
     model's tensors as the code runs.
 
@@ -159,6 +194,20 @@ class _Tracer(fx.Tracer):
         if name is not None and not self.is_leaf_module(m, name):
             self.through.add(name)
         return super().call_module(m, forward, args, kwargs)
+
+
+def _made_of_fields(a: dict[Any, Any]) -> bool:
+    """Whether ``a``, a dict, is a dataclass made by its class from its fields alone, as
+    Hugging Face's ``ModelOutput`` is: it holds, in their order, its fields that are not
+    None, each the value of the attribute of its name, and every field is taken by its
+    class's constructor."""
+    if not dataclasses.is_dataclass(a):
+        return False
+    fields = dataclasses.fields(a)
+    if not all(f.init for f in fields):
+        return False
+    held = [f.name for f in fields if getattr(a, f.name) is not None]
+    return list(a.keys()) == held and all(a[name] is getattr(a, name) for name in held)
 
 
 def _iterated(node: fx.Node) -> str | None:
@@ -1308,7 +1357,7 @@ def _split(
     )
 
 
-class _Reloading(fx.Tracer):
+class _Reloading(_KeepsKinds):
     """Traces the code of a cut model again as a copy of it is loaded (``torch.load``):
     fx makes each of its modules anew from its code that way, keeping only what it does to
     tensors, and would run the calls recorded into it (the modes the forward switches, the

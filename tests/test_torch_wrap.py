@@ -9592,3 +9592,75 @@ def test_a_cached_module_that_draws_at_random_is_refused(
         with pytest.raises(smt.WrapError, match="drew from torch's random number generator"):
             wrapped(x)
     assert "recalled" not in wrapped.counts.get("encoder", {})
+
+
+@dataclasses.dataclass
+class Answered(collections.OrderedDict):  # type: ignore[type-arg]
+    """An answer as Hugging Face's `ModelOutput` is: a dataclass and an `OrderedDict`
+    holding its fields that are not None, read by name, by attribute or by place."""
+
+    logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    loss: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            if getattr(self, field.name) is not None:
+                self[field.name] = getattr(self, field.name)
+
+    def __getitem__(self, key: Any) -> Any:
+        return super().__getitem__(key) if isinstance(key, str) else tuple(self.values())[key]
+
+
+class AttributeDict(dict):  # type: ignore[type-arg]
+    """A dict read by attribute, of a class of its own."""
+
+    def __getattr__(self, name: str) -> Any:
+        return self[name]
+
+
+class AnswersAsHuggingFace(nn.Module):
+    """Answers an `Answered` (with its loss where labels are given), an `OrderedDict` or
+    an `AttributeDict`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = Encoder()
+        self.head = nn.Linear(5, 2)
+
+    def forward(
+        self, x: torch.Tensor, labels: torch.Tensor | None = None, kind: str = "answered"
+    ) -> Any:
+        hidden = self.encoder(x)
+        logits = self.head(hidden)
+        if kind == "ordered":
+            return collections.OrderedDict(logits=logits, hidden=hidden)
+        if kind == "attributes":
+            return AttributeDict(logits=logits, hidden=hidden)
+        loss = None if labels is None else (logits - labels).pow(2).mean()
+        return Answered(logits=logits, hidden=hidden, loss=loss)
+
+
+def test_a_wrapped_models_answer_is_of_the_class_the_model_answers(store: Store) -> None:
+    """A forward answering a dict of a class of its own (Hugging Face's `ModelOutput`, an
+    `OrderedDict`) is answered so by the wrapped model, a copy of it and one loaded, where
+    fx made a plain dict of it (`out.loss` an AttributeError); one fx cannot make again is
+    refused at `wrap`, naming it."""
+    torch.manual_seed(0)
+    model = AnswersAsHuggingFace()
+    wrapped = _encoder_frozen(model, store)
+    x, labels = torch.randn(3, 6), torch.randn(3, 2)
+    held = io.BytesIO()
+    torch.save(wrapped, held)
+    held.seek(0)
+    calls = [((x,), {}), ((x, labels), {}), ((x,), {"kind": "ordered"})]
+    for copied in (wrapped, copy.deepcopy(wrapped), torch.load(held, weights_only=False)):
+        for args, kwargs in calls * 2:  # computed, then recalled
+            expected, answered = model(*args, **kwargs), copied(*args, **kwargs)
+            assert type(answered) is type(expected)
+            assert list(answered.keys()) == list(expected.keys())
+            assert all(torch.equal(answered[key], expected[key]) for key in expected)
+    assert torch.equal(wrapped(x, labels).loss, model(x, labels).loss)
+    assert torch.equal(wrapped(x)[0], model(x).logits)
+    with pytest.raises(smt.Untraceable, match=r"`AttributeDict`, a subclass of `dict`"):
+        wrapped(x, kind="attributes")
