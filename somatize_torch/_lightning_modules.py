@@ -563,18 +563,11 @@ def let_go(cached: CachedRows, aheads: weakref.WeakSet[Ahead[Any]]) -> None:
     cached.forget()
 
 
-def cache_in_place(
-    callback: CacheFrozen,
-    pl_module: pl.LightningModule,
-    name: str,
-    module: nn.Module,
-    *,
-    fitting: bool,
-) -> None:
-    """Caches ``module`` in every place it sits in ``pl_module``, noting how it was
-    found (``fitting``: in a fit, not an evaluation); the cache ``callback`` made for it
-    before if there is one (a later stage of the same model), else a new one."""
-    found = Found.at(pl_module, module, fitting=fitting)  # before it is frozen
+def cache_in_place(callback: CacheFrozen, name: str, module: nn.Module, found: Found) -> None:
+    """Caches ``module`` in every place ``found`` (how it was found, taken before it or
+    any module sharing a part with it was frozen) says it sits; the cache ``callback``
+    made for it before if there is one (a later stage of the same model), else a new
+    one."""
     cached = callback._cached.get(name)
     if cached is not None and cached.module is module:
         cached.freeze_again()

@@ -436,16 +436,24 @@ class CacheFrozen(Callback):
         todo: list[tuple[str, nn.Module, str, nn.Module]],
     ) -> None:
         """Caches the modules ``todo`` (each with its name, parent and attribute) in place,
-        each as it is now, but those :func:`check_trainable` leaves uncached."""
+        each as it is now, but those :func:`check_trainable` leaves uncached. Each is found
+        (:meth:`Found.at`) before any is frozen: two of them may share a part (a stem),
+        which freezing the first would put in eval and stop training before the second
+        is looked at, and the second would be put back, and run, as so."""
         left = check_trainable(trainer, pl_module, stage, todo)
         if stage == "fit":  # nothing trains in validate, test or predict
             caching = [name for name, _, _, _ in todo if name not in left] + list(self._found)
             refuse_tied(pl_module, caching, CacheFrozenError)
-        for name, _, _, found in todo:
+        found_as = {
+            name: Found.at(pl_module, module, fitting=stage == "fit")
+            for name, _, _, module in todo
+            if name not in left
+        }
+        for name, _, _, module in todo:
             if name in left:
-                pass_through(self, found)
+                pass_through(self, module)
             else:
-                cache_in_place(self, pl_module, name, found, fitting=stage == "fit")
+                cache_in_place(self, name, module, found_as[name])
 
     def _held_by_another(self, trainer: pl.Trainer) -> str | None:
         """The stage (``fit``, …) of a trainer other than ``trainer`` whose stage, still

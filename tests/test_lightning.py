@@ -2033,6 +2033,59 @@ def test_a_module_under_two_names_is_cached_once_under_both(
     assert list(model.state_dict()) == keys
 
 
+class SharedStem(Probe):
+    """Two frozen encoders sharing their first part, a convolution and a BatchNorm, each
+    with a head: the stem frozen by ``requires_grad_(False)`` alone, and left in train mode
+    (its BatchNorm on batch statistics), or, ``trainable``, left to train."""
+
+    def __init__(self, trainable: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(1)
+        stem = nn.Sequential(nn.Conv2d(3, 3, 3, padding=1), nn.BatchNorm2d(3))
+        stem.requires_grad_(trainable)
+        self.left = nn.Sequential(stem, Encoder().requires_grad_(False).eval())
+        self.right = nn.Sequential(stem, Encoder().requires_grad_(False).eval())
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.left(x) + self.right(x.flip(-1)))
+        return out
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr)
+
+
+def test_two_named_modules_sharing_a_part_are_each_found_as_the_model_had_them(
+    tmp_path: Path,
+) -> None:
+    """Two named modules sharing a part left in train mode (BatchNorm on batch statistics)
+    both run in train mode, uncached, and the head trains as without the callback; the
+    part is handed back in train mode. Shared and left to train, it is frozen while the fit
+    runs, as each of them is, and handed back requiring grad."""
+    plain = SharedStem()
+    trainer(tmp_path / "plain", 2).fit(plain, loader())
+    model = SharedStem()
+    with pytest.warns(Uncached, match="would run in train mode"):
+        trainer(tmp_path / "cached", 2, callbacks=[CacheFrozen(None, ["left", "right"])]).fit(
+            model, loader()
+        )
+    assert {n: m.training for n, m in model.named_modules()} == {
+        n: m.training for n, m in plain.named_modules()
+    }
+    assert torch.equal(model.left[0][1].running_mean, plain.left[0][1].running_mean)
+    assert torch.equal(model.head.weight, plain.head.weight)
+
+    trained = SharedStem(trainable=True)
+    with pytest.warns(FrozeTrainable, match=r"`left`: `0.0.weight`.*`right`: `0.0.weight`"):
+        trainer(tmp_path / "trained", 1, callbacks=[CacheFrozen(None, ["left", "right"])]).fit(
+            trained, loader()
+        )
+    assert all(p.requires_grad for p in trained.left[0].parameters())
+    assert trained.left[0].training
+
+
 def test_unknown_submodule_is_refused(tmp_path: Path) -> None:
     """A name that is no submodule is refused at setup, listing what there is."""
     callback = CacheFrozen(None, ["backbone"])
