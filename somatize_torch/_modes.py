@@ -342,6 +342,15 @@ def _read_grad(recorder: _Recorder, original: Callable[..., Any]) -> Any:
     )
 
 
+def _read_dtype(recorder: _Recorder, original: Callable[..., Any]) -> Any:
+    """``torch.get_default_dtype()`` read as the forward is traced: fx keeps the dtype it
+    answers in the code, so the trace is marked as one the default dtype made, which the
+    wrapped model traces again under another (:attr:`somatize_torch._split._Tracer.dtyped`)."""
+    tracer: Any = recorder.tracer
+    tracer.dtyped = True
+    return original()
+
+
 def _read(name: str, what: str) -> Callable[..., Any]:
     def read(recorder: _Recorder, original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if in_torch(_caller()):
@@ -1068,6 +1077,7 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
         (fx.Proxy, "__hash__", _hashed),
         (torch._C, "_set_grad_enabled", _switch_grad),
         (torch, "is_grad_enabled", _read_grad),
+        (torch, "get_default_dtype", _read_dtype),
         (torch, "is_inference_mode_enabled", _read("is_inference_mode_enabled", "mode")),
         (_AUTOCAST, "__init__", _autocast_made),
         (_AUTOCAST, "__enter__", _autocast_entered),

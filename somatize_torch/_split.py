@@ -133,6 +133,12 @@ class _Tracer(_KeepsKinds):
         """What the forward last iterated over, made of what a module answers (``sum(out)``,
         ``[*out]``, ``out.items()``), which fx refuses, not knowing its length, as
         :func:`_iterated` says it; None for none."""
+        self.dtyped = False
+        """Whether the code keeps, as a constant fx made as it traced, a floating (or complex)
+        tensor the forward made from numbers (``torch.ones(4)``, ``torch.linspace(0, 1, 4)``),
+        or read the default dtype (``torch.get_default_dtype()``): either is what the
+        default dtype in force as it traced made it, where a call under another computes
+        otherwise."""
         self.thread = threading.get_ident()
         """The thread that traces. fx replaces how every module is called and read from,
         in every thread, while it traces: a module called in another thread then (a
@@ -151,6 +157,15 @@ class _Tracer(_KeepsKinds):
         if found is None:
             found = self._held[path] = self.create_proxy("get_attr", path, (), {})
         return found
+
+    def create_arg(self, a: Any) -> Any:
+        if not isinstance(a, torch.Tensor) or not (a.is_floating_point() or a.is_complex()):
+            return super().create_arg(a)
+        known = len(self.tensor_attrs)
+        arg = super().create_arg(a)
+        # fx stows away a tensor it finds nowhere in the model as a constant of its own.
+        self.dtyped = self.dtyped or len(self.tensor_attrs) > known
+        return arg
 
     def to_bool(self, obj: fx.Proxy) -> bool:
         self.iterated = None
@@ -484,18 +499,21 @@ def _traced(
         name for code, held in reached.held.items() for name in _identity_compared(code, held)
     )
     traced = fx.GraphModule(model, graph, type(model).__name__)
-    return Traced(traced, tracer.through, noted, compared)
+    return Traced(traced, tracer.through, noted, compared, tracer.dtyped)
 
 
 class Traced(NamedTuple):
     """A forward traced: the code, the modules traced into, what it read of the model,
-    and the arguments fixed at a tuple or dataclass that code the forward handed them to
-    compared by identity (``opts is PRESET``), answered for the instance traced."""
+    the arguments fixed at a tuple or dataclass that code the forward handed them to
+    compared by identity (``opts is PRESET``), answered for the instance traced, and
+    whether the code holds what the default dtype made as it traced
+    (:attr:`_Tracer.dtyped`)."""
 
     code: fx.GraphModule
     through: set[str]
     noted: Noted
     identity: frozenset[str]
+    dtyped: bool
 
 
 _LOADS = frozenset(

@@ -28,6 +28,15 @@ code it traced would keep one answer for every value, whether it uses the argume
 beside or not, so no stand-in is handed one (a tensor, or what is no plain constant,
 is an input). The traces per value are bounded (``Wrapped.TRACES_PER_VALUE``).
 
+A tensor the forward makes from numbers (``torch.ones(4)``, ``torch.linspace(0, 1, 4)``)
+is made once, as fx traces, and kept as a constant, in the default dtype of that moment
+(``torch.set_default_dtype``), as is what the forward reads of it
+(``torch.get_default_dtype()``). Where a trace kept such a floating tensor, or read it,
+the traces are kept per default dtype, as per values of a config: a call under another
+default dtype than the traces it would run were taken under runs those taken under its
+own, traced first if no call was made under it. A model whose code keeps neither is
+traced once for every default dtype, and a call compares nothing.
+
 What each trace went through and read — the modules traced into, their children and
 hooks, the plain values read, the parts the cut code holds — is taken in with the rest,
 and the wrapped model watches all of it: a change that would make any of its traces
@@ -250,11 +259,15 @@ class _Gate:
 
 class _World:
     """The traces taken for one set of values of what the forward read from the plain
-    objects the model's modules hold (``self.config.flag``), and what they read."""
+    objects the model's modules hold (``self.config.flag``), and what they read; where the
+    code holds what the default dtype made (:attr:`Tracing.dtyped`), under one default
+    dtype."""
 
-    def __init__(self, runners: dict[Key, Runners]) -> None:
+    def __init__(self, runners: dict[Key, Runners], dtype: torch.dtype) -> None:
         self.runners = runners
         self.read: Noted | None = None
+        self.dtype = dtype
+        """The default dtype the traces were taken under."""
 
 
 class _Untraced(Values):
@@ -327,7 +340,12 @@ class Tracing:
         self.runners: dict[Key, Runners] = {}
         """Per set of optional arguments left None and values of those :attr:`fixed`, the
         code each mode runs: those of :attr:`world`."""
-        self.world = _World(self.runners)
+        self.dtyped = False
+        """Whether a trace kept what the default dtype made as it traced: a floating tensor
+        the forward made from numbers (``torch.ones(4)``), which fx keeps as a constant, or
+        the default dtype read. Each default dtype a call is made under then has traces of
+        its own (:meth:`check_dtype`)."""
+        self.world = _World(self.runners, torch.get_default_dtype())
         """The traces taken for the values the plain objects the model's modules hold (a
         config) hold now, as far as the forward read them."""
         self.worlds = [self.world]
@@ -358,6 +376,18 @@ class Tracing:
             "had then, and would not answer as the forward does now. Wrap the model again "
             "after changing its defaults, or put them back"
         )
+
+    def check_dtype(self) -> None:
+        """Has the wrapped model run the traces taken under the default dtype in force now,
+        where the code holds what the default dtype made as it traced: those taken before
+        under it, for the values the model's config holds, or none yet, so that the call
+        traces the forward again."""
+        if torch.get_default_dtype() is self.world.dtype:
+            return
+        with self.gate.tracing():
+            made = torch.get_default_dtype()
+            if made is not self.world.dtype:
+                self._rekey(f"the default dtype is {made} in this call")
 
     def same_defaults(self) -> bool:
         """Whether the defaults of the model's forward are the very ones it was traced
@@ -485,8 +515,13 @@ class Tracing:
             if isinstance(attempt, Untraceable):
                 runners[training] = attempt
                 continue
-            traced, went, read, compared = attempt
+            traced, went, read, compared, dtyped = attempt
             self.identity |= compared
+            if dtyped and not self.dtyped:
+                # The traces before held nothing the default dtype made, and are right
+                # under any: those of this world are now the ones for this default dtype.
+                self.dtyped = True
+                self.world.dtype = torch.get_default_dtype()
             through |= went
             noted.append(read)
             switching = switching or switches(traced.graph)
@@ -735,7 +770,14 @@ class Tracing:
                 "Declare the submodule that holds the code that reads `self.training`, or "
                 "call the declared submodules the same way in both modes"
             )
-        if self.world is not self.worlds[0]:
+        if self.dtyped and self.world.dtype is not self.worlds[0].dtype:
+            this, first, advice, whether = (
+                f"the default dtype is {self.world.dtype}",
+                f"the model was wrapped, under {self.worlds[0].dtype}",
+                "Call it under the default dtype it was wrapped under",
+                "whatever the default dtype",
+            )
+        elif self.world is not self.worlds[0]:
             this, first, advice, whether = (
                 "what it read of the objects its modules hold (a config) changed",
                 "the model was wrapped",
@@ -796,6 +838,7 @@ class Tracing:
         object.__setattr__(wrapped, "_switches", self.switching)
         object.__setattr__(wrapped, "_enters", self.entering)
         object.__setattr__(wrapped, "_identity", self.identity)
+        object.__setattr__(wrapped, "_dtyped", self.dtyped)
         traced = (type(model), *(type(module) for module in traced_into.values()))
         values = Values(self.world.read, type(model).__qualname__, traced, keyed_with(model))
         object.__setattr__(wrapped, "_values", values)
@@ -822,8 +865,12 @@ class Tracing:
             if found is None:
                 # What a compiled call does not check before it comes here: the model is
                 # checked as an eager call checks it, so what the other traces read of it
-                # is what it holds, and is watched on as they read it.
+                # is what it holds, and is watched on as they read it, under the default
+                # dtype the traces it runs were taken under.
                 self.wrapped._follow()
+                made = torch.get_default_dtype()
+                if self.dtyped and made is not self.world.dtype:
+                    self._rekey(f"the default dtype is {made} in this call")
                 try:
                     self.wrapped._values.check()
                 except Reread as changed:
@@ -842,9 +889,13 @@ class Tracing:
         with self.gate.tracing():
             self._rekey(changed)
 
-    def _rekey(self, changed: Reread) -> None:
+    def _rekey(self, changed: Reread | str) -> None:
         was = self.world
-        for world in self.worlds:
+        made = torch.get_default_dtype()
+        # Where the code holds what the default dtype made, traces taken under another
+        # are not run.
+        worlds = [one for one in self.worlds if not self.dtyped or one.dtype is made]
+        for world in worlds:
             if world is was or world.read is None:
                 continue
             self._enter(world)
@@ -854,7 +905,7 @@ class Tracing:
                 continue
             return
         limit: int = self.wrapped.TRACES_PER_VALUE
-        if len([world for world in self.worlds if world.read is not None]) >= limit:
+        if len([world for world in worlds if world.read is not None]) >= limit:
             self._enter(was)
             raise WrapError(
                 f"{changed}: `{type(self.model).__qualname__}.forward` was traced {limit} "
@@ -865,8 +916,8 @@ class Tracing:
                 "(`self.register_buffer(...)`) or hand it as a tensor, or raise "
                 "`Wrapped.TRACES_PER_VALUE` on this wrapped model"
             ) from None
-        empty = [one for one in self.worlds if one.read is None]
-        world = empty[0] if empty else _World({})
+        empty = [one for one in worlds if one.read is None]
+        world = empty[0] if empty else _World({}, made)
         if not empty:
             self.worlds.append(world)
         self._enter(world)

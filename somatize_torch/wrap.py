@@ -42,7 +42,10 @@ value it read while tracing (``torch.is_grad_enabled()``, ``random.random()``) i
 refused. A plain value read from the model (``self.temperature``) is traced as the
 value it had: changed after wrapping, the next call is refused. One read from a plain
 object a module holds (``self.config.flag``) is too: changed, the next call (a compiled
-one too) traces the forward again for the values it holds then.
+one too) traces the forward again for the values it holds then. A tensor the forward
+makes from numbers (``torch.ones(4)``) is made once, as fx traces, in the default dtype
+of then: where the code keeps one, a call under another default dtype traces the forward
+again under it, once per default dtype.
 
 **torch.compile.** The cache lookup is a deliberate graph break: the call into
 the store runs under ``torch.compiler.disable``, once per cached node, and reads
@@ -226,6 +229,10 @@ class Wrapped(nn.Module):
     """The forward's arguments its code, or code a trace found it hands them to, compares
     by identity (``opts is PRESET``): one handed a tuple or a dataclass, traced per value,
     is refused."""
+    _dtyped: bool = False
+    """Whether the code traced holds what the default dtype made as it was traced (a
+    tensor the forward made from numbers): a call under another default dtype runs the
+    code traced under that one (:meth:`Tracing.check_dtype`)."""
     _varying: inspect.Signature | None = None
     """The forward's signature, where it takes `*args` or `**kwargs`: traced once, with a
     stand-in for every argument, so a call handing one a plain constant is refused."""
@@ -437,6 +444,8 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         self._follow()
         if tracing is not None:  # before the code watch, which sees them too: named here
             tracing.check_defaults()
+            if self._dtyped:
+                tracing.check_dtype()
         try:
             self._values.check()
         except Reread as changed:
@@ -455,6 +464,10 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         if not tracing.same_defaults():
             # A default changed after `wrap`: the code traced takes the old one.
             _check_defaults_eagerly(tracing)
+        if self._dtyped and torch.get_default_dtype() is not tracing.world.dtype:
+            # Another default dtype than the code was traced under (which torch.compile
+            # guards on): the code traced under this one runs.
+            _check_dtype_eagerly(tracing)
         if not self._values.same():
             # A value the code read changed: refused, or traced again for a config's.
             _check_values_eagerly(self, tracing)
@@ -710,6 +723,8 @@ _refuse_global_hooks_eagerly = _not_compiled(_refuse_global_hooks)
 """Refuses a compiled call while global hooks are registered, naming them: compiled code
 only asks how many there are (which torch.compile guards on, so one registered later has
 the call compiled anew), and names them eagerly."""
+_check_dtype_eagerly = _not_compiled(Tracing.check_dtype)
+""":meth:`Tracing.check_dtype` in a compiled call, made eagerly."""
 _check_defaults_eagerly = _not_compiled(Tracing.check_defaults)
 """Refuses a compiled call once a default of the forward changed, naming it: compiled
 code only asks whether they are the ones traced with (:meth:`Tracing.same_defaults`)."""

@@ -23,6 +23,7 @@ from tests.test_torch_wrap import (
     Blocked,
     Fails,
     FailsInferring,
+    MakesConstants,
     Mixed,
     Normed,
     Optional,
@@ -32,6 +33,7 @@ from tests.test_torch_wrap import (
     ShiftsBetween,
     Targets,
     Thresholded,
+    _default_dtype,
     _modes,
     default_edited,
 )
@@ -619,6 +621,25 @@ def test_a_compiled_call_after_what_the_forward_read_changed_answers_or_is_refus
                 compiled(x, mask)
         model.gain = 3.0
         assert torch.equal(compiled(x, mask), model(x, mask))
+    torch._dynamo.reset()
+
+
+def test_a_compiled_call_under_another_default_dtype_makes_its_constants_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiled call under another default dtype than `wrap` was called under runs the
+    code traced under that one, whose tensors made from numbers are made in it, as an
+    eager call does, and answers as the model does."""
+    model, _, compiled = _compiled(MakesConstants, tmp_path, monkeypatch)
+    model.eval()
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        for dtype in (torch.float64, torch.float32, torch.float64):
+            with _default_dtype(dtype):
+                got, want = compiled(x), model(x)
+            for one, other in zip(got, want, strict=True):
+                assert one.dtype == other.dtype
+                assert torch.equal(one, other)
     torch._dynamo.reset()
 
 

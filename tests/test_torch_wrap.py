@@ -48,7 +48,7 @@ from somatize import Drifted, Graph, NotSettled, Opaque, Store, Unsettled
 from somatize.canonical import NotCanonical
 from somatize.codecs import CodecError
 from somatize.keys import node_key, node_prefix, root_key
-from somatize_torch import _cached
+from somatize_torch import _cached, _split, _tracing
 from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
@@ -7685,6 +7685,106 @@ def test_the_modes_wrap_is_called_in_leave_no_mark_on_the_wrapped_model(
     assert torch.equal(out, model(x))
     out.sum().backward()
     assert model.head.weight.grad is not None
+
+
+class MakesConstants(OnTempered):
+    """Adds tensors it makes from numbers, which fx keeps as constants, to its encoder's
+    answer."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = self.encoder(x)
+        return h + torch.ones(4), h + torch.linspace(0, 1, 4), h * torch.full((4,), 1 / 3)
+
+
+class ReadsDefaultDtype(OnTempered):
+    """Casts its encoder's answer to the default dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x).to(torch.get_default_dtype())
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    was = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(was)
+
+
+def _traces_counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """A list that each trace taken from now on adds to (one a mode)."""
+    traced: list[bool] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        traced.append(True)
+        return _split._traced(*args, **kwargs)
+
+    monkeypatch.setattr(_tracing, "_traced", counted)
+    return traced
+
+
+@pytest.mark.parametrize("kind", [MakesConstants, ReadsDefaultDtype])
+@pytest.mark.parametrize(
+    ("wrapped_under", "called_under"),
+    [(torch.float32, torch.float64), (torch.float64, torch.float32)],
+    ids=["wrapped-float32", "wrapped-float64"],
+)
+def test_a_tensor_the_forward_makes_from_numbers_is_made_in_the_default_dtype_of_the_call(
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    kind: type[nn.Module],
+    wrapped_under: torch.dtype,
+    called_under: torch.dtype,
+) -> None:
+    """fx makes a tensor the forward makes from numbers once, as it traces, in the default
+    dtype of that moment, and keeps it (and the default dtype the forward reads): a call
+    under another default dtype runs code traced under that one, traced once per default
+    dtype, and answers as the model does, in its dtype and values."""
+    torch.manual_seed(0)
+    model = kind().eval()
+    with _default_dtype(wrapped_under):
+        wrapped = _encoder_frozen(model, store)
+    traced = _traces_counted(monkeypatch)
+    x = torch.randn(3, 4)
+    for dtype in (called_under, wrapped_under, called_under, wrapped_under):
+        with _default_dtype(dtype), torch.no_grad():
+            got, want = wrapped(x), model(x)
+        for one, other in zip(pytree.tree_leaves(got), pytree.tree_leaves(want), strict=True):
+            assert one.dtype == other.dtype
+            assert torch.equal(one, other)
+    assert len(traced) == 2  # train and eval mode, under the default dtype of the call
+
+
+class AddsBuffer(OnTempered):
+    """Adds a buffer it keeps to its encoder's answer: it makes no tensor of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("shift", torch.ones(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x) + self.shift * 2
+
+
+def test_a_model_making_no_tensor_is_not_traced_again_under_another_default_dtype(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward that makes no tensor from numbers, nor reads the default dtype, keeps
+    nothing the default dtype made: called under another, it answers as the model does,
+    without a trace."""
+    torch.manual_seed(0)
+    model = AddsBuffer().eval()
+    wrapped = _encoder_frozen(model, store)
+    traced = _traces_counted(monkeypatch)
+    x = torch.randn(3, 4)
+    for dtype in (torch.float64, torch.float32):
+        with _default_dtype(dtype), torch.no_grad():
+            got, want = wrapped(x), model(x)
+        assert got.dtype == want.dtype
+        assert torch.equal(got, want)
+    assert traced == []
 
 
 class Checkpoints(OnTempered):
