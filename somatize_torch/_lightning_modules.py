@@ -420,6 +420,32 @@ def waits_for_own_setup(
     return any(p.requires_grad for p in module.parameters())
 
 
+def waiting_with(
+    todo: list[tuple[str, nn.Module, str, nn.Module]],
+    waiting: list[tuple[str, nn.Module, str, nn.Module]],
+) -> list[tuple[str, nn.Module, str, nn.Module]]:
+    """``waiting`` (the modules of ``todo`` left as they are until the LightningModule's own
+    ``setup()`` has run: :func:`waits_for_own_setup`) with each other module of ``todo`` that
+    shares a part with one of them (a stem), in the order of ``todo``: cached now, it would
+    be frozen, its parts put in eval, before the one it shares them with is looked at, and
+    that one would be taken as found so, and run so."""
+    if not waiting:
+        return waiting
+    parts = {id(part) for one in waiting for part in one[3].modules()}
+    held = [one for one in todo if all(one is not other for other in waiting)]
+    found = True
+    while found:  # a module sharing a part with one that shares a part with a waiting one
+        found = False
+        for one in held:
+            mine = {id(part) for part in one[3].modules()}
+            if not mine.isdisjoint(parts):
+                parts |= mine
+                held.remove(one)
+                found = True
+                break
+    return [one for one in todo if all(one is not other for other in held)]
+
+
 def after_own_setup(
     pl_module: pl.LightningModule, callback: CacheFrozen, then: Callable[[], None]
 ) -> None:

@@ -161,6 +161,7 @@ from somatize_torch._lightning_modules import (
     put_back_all,
     replaced,
     uncache,
+    waiting_with,
     waits_for_own_setup,
 )
 from somatize_torch._lightning_options import (
@@ -386,8 +387,11 @@ class CacheFrozen(Callback):
         if refused is not None:
             raise refused
         # One requiring grad is looked at once the LightningModule's own `setup()` has run,
-        # which may freeze it; the tie of one it leaves to train is refused when fitting starts.
-        waiting = [one for one in todo if waits_for_own_setup(trainer, pl_module, one[3])]
+        # which may freeze it, and so is one sharing a part with it; the tie of one it leaves
+        # to train is refused when fitting starts.
+        waiting = waiting_with(
+            todo, [one for one in todo if waits_for_own_setup(trainer, pl_module, one[3])]
+        )
         todo = [one for one in todo if all(one is not other for other in waiting)]
         self._cache(trainer, pl_module, stage, todo)  # warns at what called this hook
         # What is not in place this stage (left uncached) is not kept for a later one.

@@ -2057,16 +2057,13 @@ class SharedStem(Probe):
         return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr)
 
 
-def test_two_named_modules_sharing_a_part_are_each_found_as_the_model_had_them(
-    tmp_path: Path,
-) -> None:
-    """Two named modules sharing a part left in train mode (BatchNorm on batch statistics)
-    both run in train mode, uncached, and the head trains as without the callback; the
-    part is handed back in train mode. Shared and left to train, it is frozen while the fit
-    runs, as each of them is, and handed back requiring grad."""
-    plain = SharedStem()
+def _shared_stem_runs_uncached(tmp_path: Path, kind: type[SharedStem]) -> None:
+    """Fits a ``kind`` with and without a CacheFrozen over its two encoders, checking that
+    both run uncached, in train mode, and that the model trains and is handed back as
+    without the callback."""
+    plain = kind()
     trainer(tmp_path / "plain", 2).fit(plain, loader())
-    model = SharedStem()
+    model = kind()
     with pytest.warns(Uncached, match="would run in train mode"):
         trainer(tmp_path / "cached", 2, callbacks=[CacheFrozen(None, ["left", "right"])]).fit(
             model, loader()
@@ -2077,6 +2074,16 @@ def test_two_named_modules_sharing_a_part_are_each_found_as_the_model_had_them(
     assert torch.equal(model.left[0][1].running_mean, plain.left[0][1].running_mean)
     assert torch.equal(model.head.weight, plain.head.weight)
 
+
+def test_two_named_modules_sharing_a_part_are_each_found_as_the_model_had_them(
+    tmp_path: Path,
+) -> None:
+    """Two named modules sharing a part left in train mode (BatchNorm on batch statistics)
+    both run in train mode, uncached, and the head trains as without the callback; the
+    part is handed back in train mode. Shared and left to train, it is frozen while the fit
+    runs, as each of them is, and handed back requiring grad."""
+    _shared_stem_runs_uncached(tmp_path, SharedStem)
+
     trained = SharedStem(trainable=True)
     with pytest.warns(FrozeTrainable, match=r"`left`: `0.0.weight`.*`right`: `0.0.weight`"):
         trainer(tmp_path / "trained", 1, callbacks=[CacheFrozen(None, ["left", "right"])]).fit(
@@ -2084,6 +2091,29 @@ def test_two_named_modules_sharing_a_part_are_each_found_as_the_model_had_them(
         )
     assert all(p.requires_grad for p in trained.left[0].parameters())
     assert trained.left[0].training
+
+
+class SharedStemFrozenInSetup(SharedStem):
+    """:class:`SharedStem` whose right encoder requires grad until the LightningModule's
+    own ``setup()`` freezes it: looked at only then, after the left one was cached."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.right[1].requires_grad_(True)
+
+    def setup(self, stage: str) -> None:
+        self.right[1].requires_grad_(False)
+
+
+def test_a_named_module_sharing_a_part_with_one_frozen_in_setup_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """A named module sharing a part left in train mode with one that the LightningModule's
+    own ``setup()`` freezes waits to be looked at with it: cached at the callback's setup,
+    it put the shared part in eval, the other was taken as found in eval, cached and run
+    so, and the part was handed back in eval. Both run in train mode, uncached, and the
+    head trains as without the callback."""
+    _shared_stem_runs_uncached(tmp_path, SharedStemFrozenInSetup)
 
 
 def test_unknown_submodule_is_refused(tmp_path: Path) -> None:
