@@ -161,8 +161,8 @@ def one_set_a_step(loop: Any, version: str, stage: Stage) -> None:
         at_once = (
             "this fit trains on"
             if stage == "train"
-            else f"each {stage} step is handed a batch of each of (a CombinedLoader in mode "
-            f"{mode!r})"
+            else f"each {stage} step (a CombinedLoader in mode {mode!r}) is handed a "
+            "batch from each of"
         )
         raise CacheFrozenError(
             f"key='index' with version={version!r} keys each {stage} row by its sample "
