@@ -1751,3 +1751,37 @@ def test_an_archive_that_cannot_be_opened_is_a_store_error(tmp_path: Path, name:
     url = f"zip://store::file://{tmp_path / name}"
     with pytest.raises(StoreError, match=rf"cannot open {re.escape(url)} as a store: .*"):
         Store(url)
+
+
+@pytest.mark.parametrize(
+    ("setting", "said"),
+    [
+        ("AWS_PROFILE", "nowhere"),
+        ("AWS_CONFIG_FILE", "Unable to parse"),
+        ("AWS_RETRY_MODE", "bogus"),
+        ("AWS_DEFAULTS_MODE", "bogus"),
+    ],
+)
+def test_a_client_that_cannot_be_made_from_its_settings_is_said_plainly(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    setting: str,
+    said: str,
+) -> None:
+    """An S3 client the environment sets up wrongly (a profile the config file lacks, a
+    config file it cannot parse, a setting it takes no such value of) is a StoreError
+    saying so, made once, and the command line exits 2 with one line, not a traceback."""
+    url = s3_url()
+    Store.on_bucket(url, **s3_options()).keep(key_of("kept"), b"an answer", "plain")
+    _cli_s3(monkeypatch, tmp_path)
+    config = tmp_path / "unparsable-config"
+    config.write_text("[default]\nregion = us-east-1\n= no setting\n")
+    values = {"AWS_PROFILE": "nowhere", "AWS_CONFIG_FILE": str(config)}
+    monkeypatch.setenv(setting, values.get(setting, "bogus"))
+    with pytest.raises(StoreError, match=said) as raised:
+        Store.on_bucket(url, retries=0).have([key_of("kept")])
+    assert "settings" in str(raised.value)
+    assert main(["store", "ls", "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert said in err and len(err.strip().splitlines()) == 1

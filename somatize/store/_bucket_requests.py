@@ -8,8 +8,8 @@ retried with exponential backoff and jitter, and one that keeps failing becomes 
 :class:`~somatize.store.base.StoreError` that says so. What cannot go away is not
 retried: a file that is not there is absent (None, or nothing listed), a refusal
 says to check the credentials and the bucket's permissions, credentials not found
-say where the client looks for them, and a write to a bucket that does not exist
-says so.
+say where the client looks for them, settings the client cannot be made from say so,
+and a write to a bucket that does not exist says so.
 
 Reads of many files are made at once (a batch at a time), and every listing is
 fresh: a bucket has no cheap sign that nothing changed. Object stores publish an
@@ -117,6 +117,33 @@ def _no_credentials(error: BaseException) -> bool:
     return "Credential" in type(error).__name__ and module.startswith(
         ("botocore", "google", "azure")
     )
+
+
+_MISCONFIGURED = (
+    "ProfileNotFound",  # AWS_PROFILE (or `profile=`) names a profile the config file lacks
+    "ConfigNotFound",
+    "ConfigParseError",  # AWS_CONFIG_FILE (or ~/.aws/config) that cannot be parsed
+    "InvalidConfigError",
+    "InvalidRegionError",  # a region such as `us_east_1`
+    "InvalidRetryConfigurationError",  # AWS_RETRY_MODE, AWS_MAX_ATTEMPTS
+    "InvalidDefaultsMode",
+    "InvalidChecksumConfigError",
+    "InvalidS3AddressingStyleError",
+    "InvalidEndpointConfigurationError",
+    "UnknownSignatureVersionError",
+    "UnsupportedSignatureVersionError",
+    "UnsupportedS3ConfigurationError",
+)
+"""What botocore says of settings it cannot make a client from: the storage options, or
+the client's settings in the environment and its config file (``AWS_PROFILE``, ``AWS_*``)."""
+
+
+def _misconfigured(error: BaseException) -> bool:
+    """Whether ``error`` says the client cannot be made from its settings (botocore's
+    :data:`_MISCONFIGURED`): every request would fail alike, whatever is asked again."""
+    exceptions = sys.modules.get("botocore.exceptions")
+    kinds = tuple(getattr(exceptions, name, None) for name in _MISCONFIGURED)
+    return isinstance(error, tuple(kind for kind in kinds if isinstance(kind, type)))
 
 
 def _misaddressed(error: BaseException) -> bool:
@@ -287,6 +314,8 @@ class BucketRequests(PackedHome):
                     raise self._uncredentialed(what, why) from why
                 if _misaddressed(why):
                     raise self._misaddressed(what, why) from why
+                if _misconfigured(why):
+                    raise self._misconfigured(what, why) from why
                 if not _transient(why):
                     if isinstance(why, PermissionError):
                         raise StoreError(
@@ -324,6 +353,15 @@ class BucketRequests(PackedHome):
             "client takes neither this URL nor these storage options; check the bucket's name "
             "and the options' names (for s3 an endpoint is "
             "`client_kwargs={'endpoint_url': ...}`)"
+        )
+
+    def _misconfigured(self, what: str, why: BaseException) -> StoreError:
+        return StoreError(
+            f"{what} on {self.url} could not be asked: the client cannot be made from its "
+            f"settings ({type(why).__name__}: {why}). Check the storage options given to "
+            "`Store.on_bucket` and the client's settings where it reads them, the only place "
+            "the `somatize` command does (for s3: AWS_PROFILE, AWS_CONFIG_FILE and the other "
+            "AWS_ variables)"
         )
 
     def _bucket_name(self) -> str | None:
@@ -518,6 +556,8 @@ class BucketRequests(PackedHome):
                     raise self._uncredentialed(f"reading {path}", value) from value
                 elif isinstance(value, BaseException) and _misaddressed(value):
                     raise self._misaddressed(f"reading {path}", value) from value
+                elif isinstance(value, BaseException) and _misconfigured(value):
+                    raise self._misconfigured(f"reading {path}", value) from value
                 elif isinstance(value, BaseException) and _transient(value):
                     retry.append(path)
                 elif isinstance(value, BaseException):
