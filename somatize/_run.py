@@ -100,8 +100,10 @@ class _Run:
         told it unchanged as that node was handed it, and that node (:meth:`hands_beside`)."""
         self.values: dict[str, Any] = {}
         self.moved: set[str] = set()
-        """The mapped nodes whose code was changed as their items ran on a network worker
-        (:attr:`~somatize.broker.base.Done.moved`): the client keeps none of their items."""
+        """The nodes whose answers this forward keeps none of: a mapped node whose code was
+        changed as its items ran on a network worker
+        (:attr:`~somatize.broker.base.Done.moved`), and a node that changed what it declares
+        as it ran here (:meth:`~somatize.node.Node.changed_as_it_ran`)."""
         self.loaded: dict[str, Any] = {}
         self.drift: dict[str, tuple[str | None, str]] = {}
         """Node → the code fingerprints (kept with, now) of its drifted answers read back."""
@@ -458,6 +460,8 @@ class _Run:
             else:
                 with own:
                     value = implementation.forward(*inputs, ctx)
+            if (worker is None or self.broker is None) and implementation.changed_as_it_ran():
+                self.moved.add(node)  # a recall would not make the change: not kept
         except SomatizeError as error:
             self.emit({"fact": "failed", "node": node, "error": failed_as(error)})
             raise
@@ -515,10 +519,11 @@ class _Run:
     def keep(self, node: str, key: str, value: Any, fingerprint: str | None) -> int | None:
         """Keeps the answer of ``node`` under ``key``, with the ``fingerprint`` of the code
         it depends on (:attr:`~somatize.plan.Static.fingerprint`); returns its bytes, or None
-        where the code was changed as the forward ran (:meth:`code_moved`)."""
+        where the code was changed as the forward ran (:meth:`code_moved`), or what the node
+        declares as it ran (:attr:`moved`)."""
         store = self.store
         assert store is not None
-        if self.code_moved():
+        if node in self.moved or self.code_moved():
             return None
         with self._keeping(node):
             codec = CODECS.for_value(value, f"the answer of `{node}`")

@@ -672,6 +672,14 @@ class Node:
         declaration again. False by default."""
         return False
 
+    def changed_as_it_ran(self) -> bool:
+        """Whether the forward that just ended may have changed what this node declares
+        (a torch module that keeps a cache its forward appends to, a table it fills as it
+        first runs): its answer is then not kept, since a recall would not make the change,
+        and the next call is keyed by what it declares then (:meth:`declaration_moved`
+        says yes). A yes may be wrong, but never when a no would be. False by default."""
+        return False
+
     def implementing_class(self) -> type:
         """The class whose code computes this node's answers: its own, or the one it stands
         for (a torch node: its module's class). The fingerprint of that code is noted

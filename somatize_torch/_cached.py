@@ -505,10 +505,12 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     # This call's own facts: `solo.record` is that of the forward that ended last, which
     # another thread's call may be, having ended since this one did.
     facts: list[dict[str, Any]] = []
+    if held is not node:
+        # Another call of the base's node: what the module keeps is watched there, and
+        # what this call changes of it is said by that watch (not kept if it did).
+        node._settings = held._settings
     with torch.no_grad():
         out = solo.forward(Opaque(tuple(args), TENSOR), store=store, watching=facts.append)
-    if held is not node:
-        held.ran()  # what the module's forward changed of what it keeps is its own
     self.owner._noted(name, Record(facts))
     return _placed(out, tensors[0].device) if tensors else out
 
@@ -518,12 +520,8 @@ def _check_records_none(self: _Cached, name: str, args: tuple[Any, ...]) -> None
     module that records one anyway, turning gradients on inside its forward: its own
     answer would carry their gradient, and a recalled one carries none. It is run once,
     on them, to see (once per state and declaration)."""
-    held = self.node if self.base is None else self.base.node
-    try:
-        with torch.no_grad():
-            out = self.call(*args)
-    finally:
-        held.ran()  # what its forward changed of what it keeps is its own
+    with torch.no_grad():
+        out = self.call(*args)
     if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(out)):
         raise CachedInputNeedsGrad(
             f"`{name}` is cached and turns gradients on inside its forward: handed an "

@@ -58,19 +58,16 @@ def _compute(
     # Taken before the forward, which may write into its input.
     ends = sub[:: len(positions) - 1].clone() if not keying.rowwise and len(positions) > 1 else None
     alike = ends is not None and _copies_of_one(sub)
-    try:
-        with torch.no_grad():
-            out: torch.Tensor = module(sub)
-        _check_answer(self, out, len(positions))
-        if ends is not None:
-            # A copy of the answer, taken before the module runs again: one that writes
-            # into a buffer it keeps and answers with a view of it (a CUDA graph, a
-            # preallocated output) answers each row alone into that very buffer. The copy
-            # is what is compared, kept and returned — once per keying.
-            out = out.clone()
-            _check_rowwise(self, ends, out, keying, watch, alike)
-    finally:
-        self._node.ran()  # what its forward changed of what it keeps is its own
+    with torch.no_grad():
+        out: torch.Tensor = module(sub)
+    _check_answer(self, out, len(positions))
+    if ends is not None:
+        # A copy of the answer, taken before the module runs again: one that writes
+        # into a buffer it keeps and answers with a view of it (a CUDA graph, a
+        # preallocated output) answers each row alone into that very buffer. The copy
+        # is what is compared, kept and returned — once per keying.
+        out = out.clone()
+        _check_rowwise(self, ends, out, keying, watch, alike)
     return out
 
 
@@ -109,8 +106,6 @@ def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> b
         raise
     except Exception as error:
         _refuse_alone(self, "first", x.shape[0], error)
-    finally:
-        self._node.ran()
     if isinstance(out, torch.Tensor) and out.requires_grad:
         if self._put_back_for(
             "requires grad, and it turns gradients on inside its forward (under "
@@ -250,7 +245,11 @@ def _still_keyed(self: CachedRows, watch: StateWatch | None) -> bool:
     put in train mode by another thread, a part without weights too: a Dropout). Rows
     computed with other weights are answered and kept nowhere, since under their keys
     they would be recalled for the weights keyed; rows computed with a part in train mode
-    are computed again (:mod:`somatize_torch._row_lookup`). So are rows computed while
+    are computed again (:mod:`somatize_torch._row_lookup`). Rows computed as the module
+    changed what it keeps beside its weights (a table it fills as it first runs, a count
+    of its calls: :meth:`~somatize_torch.freeze.ModuleNode.changed_as_it_ran`) are kept
+    nowhere either: a recall would not make the change, and the next batch is keyed by
+    what it keeps then. So are rows computed while
     the code of its classes moved (a method set on one by another thread, for a while):
     they are the new code's, and would be recalled as the code's they were keyed by once
     it is set back, where the next forward refuses the cache while it stays."""
@@ -258,6 +257,7 @@ def _still_keyed(self: CachedRows, watch: StateWatch | None) -> bool:
         watch is not None
         and self._watch is watch
         and not watch.changed()
+        and not self._node.changed_as_it_ran()
         and _in_eval(self)
         and _code_unmoved(self)
     )

@@ -680,8 +680,8 @@ class ModuleNode(Node):
     def declaration_moved(self) -> bool:
         """Whether a plain value or function the module keeps, or a forward hook, may have
         changed since this was last asked (:class:`~somatize_torch._settings.SettingsWatch`;
-        yes when first asked), so that its declaration is taken again. What the module's
-        own forward changes as it runs is not a change (:meth:`ran`). Nor is it, where the
+        yes when first asked), so that its declaration is taken again: one made from outside,
+        or by the module's own forward as it ran (:meth:`changed_as_it_ran`). So is, where the
         node names the precision it runs in, when that is another now (autocast entered,
         ``torch.set_default_dtype``, TF32 turned on)."""
         if self._keys_precision and _precision_of(self.module) != self._precision_at:
@@ -693,15 +693,16 @@ class ModuleNode(Node):
         self._settings = SettingsWatch(self.module, watch, read)
         return True
 
-    def ran(self) -> None:
-        """Says that the module ran: what its forward changed of what it keeps (a table
-        filled as it first runs, a count of its calls) is not a change of its settings.
-        The watch is taken again only where the run may have changed something: one taken
-        now of what did not change would be the one held, at the cost of a walk through
-        every part (a millisecond for a six-layer transformer, at every batch computed)."""
+    def changed_as_it_ran(self) -> bool:
+        """Whether the forward that just ended may have changed what the module keeps
+        beside its weights (a cache of keys it appends to, a table it fills as it first
+        runs, a count of its calls): its answer is then not kept, since a recall would not
+        make the change and the module would answer the next call otherwise when an answer
+        is computed than when it is recalled. The watch is left as it was, so the next call
+        sees the change, as one made from outside, and is keyed by what the module keeps
+        then (:meth:`declaration_moved`). Yes where no watch was taken yet."""
         watch = self._settings
-        if watch is not None and watch.changed():
-            self._settings = SettingsWatch(self.module, watch)
+        return watch is None or watch.changed()
 
     def look_at_settings_again(self) -> None:
         """Has the next :meth:`declaration_moved` say yes: the one that said so last was
@@ -718,14 +719,9 @@ class ModuleNode(Node):
         # as a frozen node's answer follows from that), a draw would be recalled.
         drawn = self._smz.frozen and self.call is self.module
         generators = generator_states(self.module, x) if drawn else None
-        try:
-            with self._keyed_autocast(ctx):
-                if self.spread and isinstance(x, (tuple, list)):
-                    out = self.call(*x)
-                else:
-                    out = self.call(x)
-        finally:
-            self.ran()
+        spread = self.spread and isinstance(x, (tuple, list))
+        with self._keyed_autocast(ctx):
+            out = self.call(*x) if spread else self.call(x)
         if drawn and generator_states(self.module, x) != generators:
             raise FreezeError(
                 drew_at_random(

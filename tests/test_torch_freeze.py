@@ -30,6 +30,7 @@ import somatize.torch as smt
 from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store, engine, plan
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
+from tests.decoding import Decoder, steps_alike
 from tests.global_modules import CHANGES, normed_cell, scaled
 
 
@@ -2631,26 +2632,50 @@ class Sizes(nn.Module):
         return out
 
 
-def test_what_a_module_keeps_is_watched_again_after_it_ran_only_where_the_run_changed_it(
+def test_what_a_run_changed_of_what_a_module_keeps_keys_the_next_call_and_is_not_kept(
     store: Store,
 ) -> None:
-    """After a cached module ran, the watch of what it keeps is taken again only where the
-    run changed something (a batch of a new size noted in its table): a run that changed
-    nothing keeps the watch it had, rather than walk every part again at each batch; and
-    what a run changed is its own either way, not a change of its settings."""
+    """A batch of a new size the module notes in a table it keeps (its forward changing
+    what it keeps) is answered and its rows kept nowhere, and the next batch is keyed by
+    the table as it is then, as after a change made from outside; a batch that changes
+    nothing is kept, and the watch of what the module keeps is not taken again after it,
+    rather than walk every part again at each batch."""
     from somatize_torch.rows import cache_rows
 
     module = Sizes()
     cached = cache_rows(module, store)
-    cached(torch.randn(4, 3))
+    x = torch.randn(4, 3)
+    first = cached(x)  # a size noted: computed, kept nowhere
+    assert torch.equal(cached(x), first) and cached.stats.computed == 8  # computed again
     node = cached._node
     watch = node._settings
-    assert watch is not None
-    cached(torch.randn(4, 3))  # rows computed, the table as it was
+    assert watch is not None and not node.declaration_moved()
+    assert torch.equal(cached(x), first) and cached.stats.computed == 8  # recalled
     assert node._settings is watch
-    cached(torch.randn(5, 3))  # a new size noted: what the module keeps changed
-    assert node._settings is not watch and {4, 5} <= set(module.sizes)
-    assert not node.declaration_moved()
-    module.sizes[9] = False  # changed from outside the module: its settings moved
-    assert node.declaration_moved()
+    cached(torch.randn(5, 3))  # a new size noted
+    assert 5 in module.sizes and node.declaration_moved()
     cached.close()
+
+
+@pytest.mark.parametrize("in_lists", [False, True], ids=["tensors", "lists"])
+def test_a_module_node_keeping_what_each_step_computed_answers_each_generation_as_computed(
+    store: Store, in_lists: bool
+) -> None:
+    """A frozen, cached node of a decoder layer whose forward appends to a cache of keys
+    and values it keeps (a tensor made anew, or a list), emptied between generations,
+    answers each step of a generation as the layer run itself does: no answer a step
+    computed is kept, since a recall would not append to the cache."""
+    torch.manual_seed(0)
+    reference = Decoder(in_lists).eval()
+    layer = copy.deepcopy(reference.layer)
+    g = Graph.somatize(smt.ModuleNode(layer).named("layer").frozen().cached())
+    smt.freeze(g)
+    facts: list[dict[str, Any]] = []
+
+    def decoded(x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = reference.head(g.forward(Opaque(x), store=store, watching=facts.append))
+        return out
+
+    assert all(steps_alike(decoded, layer.reset, reference))
+    done = [fact["fact"] for fact in facts if fact.get("node") == "layer"]
+    assert done == ["ran"] * 9  # none kept, none recalled

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import collections
 import contextlib
 import copy
 import errno
@@ -455,19 +456,51 @@ class Counting(Gain):
         return super().forward(x) * self.table
 
 
-def test_what_a_forward_changes_of_its_own_settings_keys_nothing_anew(store: Store) -> None:
-    """A module whose forward counts its calls, appends to a list and fills a table keeps
-    its rows' keys as it runs: a batch seen before is recalled, every row of it."""
+def test_what_a_forward_changes_of_what_it_keeps_keys_the_next_batch_anew(store: Store) -> None:
+    """A module whose forward counts its calls, appends to a list and writes a table it
+    keeps changes what it keeps at every batch: each batch is keyed by what it keeps
+    then, and no row it computed is kept, since a recall would not make the change."""
     module = Counting()
     cached = cache_rows(module, store)
     x, y = torch.randn(5, 6), torch.randn(4, 6)
     first = cached(x)
     cached(y)
-    assert cached.stats.computed == 9
-    assert torch.equal(cached(x), first) and cached.stats.computed == 9
-    module.gain = 2.0
-    assert torch.equal(cached(x), expected(Gain(), x) * 2) and cached.stats.computed == 14
+    assert torch.equal(cached(x), first) and cached.stats.computed == 14
+    assert cached.stats.recalled == 0 and cached.tiers[0].rows == 0
     cached.close()
+
+
+class Scaled(Gain):
+    """Sets its gain from the first batch it is handed: what it answers for every batch
+    after follows from that first one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gain: float | None = None  # type: ignore[assignment]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gain is None:
+            self.gain = float(x.abs().max())
+        return super().forward(x)
+
+
+def test_a_setting_the_first_batch_sets_keys_rows_by_what_it_was_set_to(store: Store) -> None:
+    """A module that sets a value it keeps from the first batch it is handed answers in
+    another process, handed other batches first, as it computes: the rows of the batch
+    that set it were kept nowhere, and the rows after are keyed by the value it holds."""
+    x, y = torch.randn(5, 6), torch.randn(4, 6) * 3
+    cached = cache_rows(Scaled(), store)
+    cached(x)
+    cached(y)  # keyed by the gain set
+    cached(y)
+    assert cached.stats.computed == 9 and cached.stats.recalled == 4
+    cached.close()
+    module = Scaled()
+    other = cache_rows(module, store)
+    for batch in (y, x):
+        assert torch.equal(other(batch), expected(copy.deepcopy(module), batch))
+    assert other.stats.recalled == 0
+    other.close()
 
 
 def _triple(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
@@ -2039,11 +2072,14 @@ class IntoItsBuffer(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.lin = nn.Linear(4, 3)
-        self.answer = torch.zeros(64, 3)  # kept beside its state, as a CUDA graph keeps it
+        # Held in an object of a class written in C, as a CUDA graph holds its output:
+        # not a setting (one written at every call would key the next anew).
+        self.graph = collections.deque([torch.zeros(64, 3)])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.answer[: x.shape[0]] = self.lin(x)
-        return self.answer[: x.shape[0]]
+        answer: torch.Tensor = self.graph[0]
+        answer[: x.shape[0]] = self.lin(x)
+        return answer[: x.shape[0]]
 
 
 def test_a_module_answering_into_its_own_buffer_keeps_each_rows_answer(
@@ -3237,7 +3273,7 @@ def test_a_lazy_or_inference_mode_torch_module_in_a_global_is_refused(
 
 class KeptLater(nn.Module):
     """A linear layer, then each module in a plain list it keeps, empty when made, and a
-    list it fills as it runs with what it was handed."""
+    list of what it was handed, which code elsewhere fills."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -3246,7 +3282,6 @@ class KeptLater(nn.Module):
         self.seen: list[torch.Tensor] = []
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.seen.append(x)
         x = self.linear(x)
         for part in self.extra:
             x = part(x)
@@ -3258,8 +3293,7 @@ def test_a_module_put_in_an_empty_plain_list_the_module_keeps_keys_rows_by_its_w
 ) -> None:
     """A module put in a plain list the module keeps, empty when the cache was made, keys
     the rows anew, and so do its weights changed after: they are the module's state from
-    then on. A list the forward fills with what it was handed is no change: the state is
-    not digested again."""
+    then on. Recalled, the state is not digested again."""
     module = KeptLater()
     cached = cache_rows(module, store=store)
     x = torch.randn(5, 3)
@@ -3279,10 +3313,10 @@ def test_a_module_put_in_an_empty_plain_list_the_module_keeps_keys_rows_by_its_w
 def test_a_plain_list_the_forward_fills_is_not_walked_whole_at_each_call(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A plain list the module keeps, empty when the cache was made, that its forward
-    fills as it runs (each batch it was handed) is watched for a module coming in by what
-    came in since the last look, not walked whole at each call: a recalled call costs
-    the same however long it grew."""
+    """A plain list the module keeps, empty when the cache was made, that code elsewhere
+    fills (each batch the module was handed there) is watched for a module coming in by
+    what came in since the last look, not walked whole at each call: a recalled call
+    costs the same however long it grew."""
     module = KeptLater()
     cached = cache_rows(module, store=store)
     x = torch.randn(5, 3)
@@ -3298,9 +3332,8 @@ def test_a_plain_list_the_forward_fills_is_not_walked_whole_at_each_call(
     monkeypatch.setattr(_state, "_reached", counted)
     looks = []
     for size in (20, 200):
-        with torch.no_grad():
-            while len(module.seen) < size:
-                module(x)  # filled as a forward run elsewhere fills it
+        while len(module.seen) < size:
+            module.seen.append(x)  # filled as a forward run elsewhere fills it
         cached(x)  # the list moved: the watch is taken again, once
         walked = 0
         cached(x)

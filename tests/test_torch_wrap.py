@@ -29,6 +29,7 @@ import time
 import types
 import unicodedata
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from random import random as draw_at_random
@@ -52,6 +53,7 @@ from somatize_torch import _cached, _split, _tracing
 from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
+from tests.decoding import Decoder, steps_alike
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
 M = TypeVar("M", bound=nn.Module)
@@ -71,6 +73,11 @@ def _quotes_this_file_as_imported() -> None:
     linecache.cache[__file__] = (size, None, _SOURCE_LINES, __file__)
 
 
+_RUNS: weakref.WeakKeyDictionary[nn.Module, int] = weakref.WeakKeyDictionary()
+"""How many times each :class:`Encoder` ran: counted outside it, since a count the
+module kept would change what it keeps at every call, and it would never be recalled."""
+
+
 class Encoder(nn.Module):
     """Holds data-dependent control flow, which fx cannot trace — but it is a declared leaf."""
 
@@ -78,10 +85,13 @@ class Encoder(nn.Module):
         super().__init__()
         self.linear = nn.Linear(6, 5)
         self.norm = nn.BatchNorm1d(5)
-        self.calls = 0
+
+    @property
+    def calls(self) -> int:
+        return _RUNS.get(self, 0)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
+        _RUNS[self] = self.calls + 1
         if x.abs().sum() > 1e9:
             return self.linear(x)
         return torch.tanh(self.norm(self.linear(x)))
@@ -825,8 +835,8 @@ def test_a_setting_or_hook_changed_and_frozen_again_keys_anew(
 
 
 class Tuned(nn.Module):
-    """Reads plain values it keeps beside its weights, and counts its calls and fills a
-    table as it first runs (its own changes, which change nothing it answers)."""
+    """Reads plain values it keeps beside its weights, and fills a table as it first runs
+    (its own change, which changes nothing it answers)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -835,11 +845,9 @@ class Tuned(nn.Module):
         self.scales = [1.0, 1.0]
         self.shift = torch.zeros(4)  # a tensor, not a buffer
         self.gains = collections.OrderedDict(out=1.0)
-        self.calls = 0
         self.table: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        self.calls += 1
         if self.table is None or self.table.shape[0] < x.shape[0]:
             self.table = torch.ones(x.shape[0], 1)
         out = self.linear(x) / self.temperature * self.scales[0] * self.gains["out"] + self.shift
@@ -983,23 +991,43 @@ def test_a_setting_or_hook_changed_after_freeze_is_seen_at_the_next_call(
 ) -> None:
     """A plain value or a forward hook changed on a frozen cached module, without
     freezing again, keys the next call anew: computed with the change, not the answer
-    kept before it recalled. What the module's own forward changes as it runs (a count
-    of its calls, a table it fills) keys nothing anew: the same input again is
-    recalled."""
+    kept before it recalled. What the module's own forward changes as it runs (a table
+    it fills the first time) keys the next call anew too, and the answer of the call that
+    filled it is not kept: the same input again is computed once more, then recalled."""
     wrapped, model = _held(whole, store, Tunes)
     x = torch.randn(3, 4)
     before = wrapped(x)
-    assert torch.equal(wrapped(x), before)
     name = next(iter(wrapped.counts))
-    assert wrapped.counts[name] == {"ran": 1, "kept": 1, "recalled": 1}
+    assert wrapped.counts[name] == {"ran": 1}  # the table filled: not kept
+    assert torch.equal(wrapped(x), before)
+    assert torch.equal(wrapped(x), before)
+    assert wrapped.counts[name] == {"ran": 2, "kept": 1, "recalled": 1}
     _retune(model.encoder, change)
     after = wrapped(x)
-    assert wrapped.counts[name] == {"ran": 2, "kept": 2, "recalled": 1}
-    with torch.no_grad():  # a copy: the module run itself would count the call
+    assert wrapped.counts[name] == {"ran": 3, "kept": 2, "recalled": 1}
+    with torch.no_grad():
         assert torch.allclose(after, copy.deepcopy(wrapped.model)(x))
     assert not torch.allclose(after, before)
     assert torch.equal(wrapped(x), after)
-    assert wrapped.counts[name] == {"ran": 2, "kept": 2, "recalled": 2}
+    assert wrapped.counts[name] == {"ran": 3, "kept": 2, "recalled": 2}
+
+
+@pytest.mark.parametrize("in_lists", [False, True], ids=["tensors", "lists"])
+def test_a_cached_part_keeping_what_each_step_computed_answers_each_generation_as_computed(
+    store: Store, in_lists: bool
+) -> None:
+    """A cached decoder layer whose forward appends to a cache of keys and values it keeps
+    (a tensor made anew, or a list), emptied between generations, answers each step of a
+    generation as the model run itself does: a step handed the token an earlier
+    generation was at that step is keyed by the cache as it is now, and no answer a step
+    computed is recalled, since a recall would not append to the cache."""
+    torch.manual_seed(0)
+    reference = Decoder(in_lists).eval()
+    model = copy.deepcopy(reference)
+    wrapped = smt.wrap(model, frozen=["layer"], cached=["layer"], store=store)
+    smt.freeze(wrapped)
+    assert all(steps_alike(wrapped, model.layer.reset, reference))
+    assert wrapped.counts["layer"] == {"ran": 9}
 
 
 def test_a_setting_whose_declaration_anew_was_interrupted_is_seen_at_the_next_call(
@@ -1026,12 +1054,13 @@ def test_a_setting_whose_declaration_anew_was_interrupted_is_seen_at_the_next_ca
     with pytest.raises(KeyboardInterrupt):
         wrapped(x)
     after = wrapped(x)
-    with torch.no_grad():  # a copy: the module run itself would count the call
+    with torch.no_grad():
         assert torch.allclose(after, copy.deepcopy(wrapped.model)(x))
     assert not torch.allclose(after, before)
     assert torch.equal(wrapped(x), after)
     name = next(iter(wrapped.counts))
-    assert wrapped.counts[name] == {"ran": 2, "kept": 2, "recalled": 1}
+    # The first call filled the table: its answer was not kept.
+    assert wrapped.counts[name] == {"ran": 2, "kept": 1, "recalled": 1}
 
 
 def test_settings_refused_as_a_cached_part_is_declared_anew_are_refused_at_every_call_after(
@@ -1054,7 +1083,7 @@ def test_settings_refused_as_a_cached_part_is_declared_anew_are_refused_at_every
             wrapped(x)
     del model.encoder.kept
     after = wrapped(x)
-    with torch.no_grad():  # a copy: the module run itself would count the call
+    with torch.no_grad():
         assert torch.allclose(after, copy.deepcopy(wrapped.model)(x))
     assert not torch.allclose(after, before)
 
