@@ -493,6 +493,9 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
             self._state = state
             self._node._smz.state = state
             _drop_keyings(self)
+            # What it keeps beside its weights, watched from here: the batch computed
+            # next is kept unless its forward changes that (_rowwise._still_keyed).
+            self._node.declaration_moved()
             self.keyed_anew += 1
             return True
         # The same weights and buffers; what the watch saw may still be a part replaced

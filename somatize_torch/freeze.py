@@ -471,6 +471,9 @@ class ModuleNode(Node):
     _made: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     _built: tuple[dict[str, Any], dict[str, Any]] | None = None  # settings, hooks
     _watch: StateWatch | None = None
+    _state_moved: bool = False
+    """Whether the forward that ended last wrote into the weights or buffers :attr:`_watch`
+    watches (:meth:`changed_as_it_ran`)."""
     _settings: SettingsWatch | None = None
     _keys_precision = True
     """Whether its declaration names the precision it runs in (where it is not torch's
@@ -696,13 +699,15 @@ class ModuleNode(Node):
     def changed_as_it_ran(self) -> bool:
         """Whether the forward that just ended may have changed what the module keeps
         beside its weights (a cache of keys it appends to, a table it fills as it first
-        runs, a count of its calls): its answer is then not kept, since a recall would not
+        runs, a count of its calls), or its weights and buffers (a running sum it adds
+        into a buffer in place): its answer is then not kept, since a recall would not
         make the change and the module would answer the next call otherwise when an answer
-        is computed than when it is recalled. The watch is left as it was, so the next call
-        sees the change, as one made from outside, and is keyed by what the module keeps
-        then (:meth:`declaration_moved`). Yes where no watch was taken yet."""
+        is computed than when it is recalled. The watches are left as they were, so the
+        next call sees the change, as one made from outside, and is keyed by what the
+        module keeps then (:meth:`declaration_moved`, :meth:`restate`). Yes where no watch
+        of what it keeps beside its weights was taken yet."""
         watch = self._settings
-        return watch is None or watch.changed()
+        return watch is None or watch.changed() or self._state_moved
 
     def look_at_settings_again(self) -> None:
         """Has the next :meth:`declaration_moved` say yes: the one that said so last was
@@ -720,8 +725,12 @@ class ModuleNode(Node):
         drawn = self._smz.frozen and self.call is self.module
         generators = generator_states(self.module, x) if drawn else None
         spread = self.spread and isinstance(x, (tuple, list))
+        state = self._watch
+        still = state is not None and not state.changed()
         with self._keyed_autocast(ctx):
             out = self.call(*x) if spread else self.call(x)
+        # Weights or buffers the forward wrote into (a running sum added into a buffer).
+        self._state_moved = still and state.changed()
         if drawn and generator_states(self.module, x) != generators:
             raise FreezeError(
                 drew_at_random(

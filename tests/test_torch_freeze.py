@@ -2679,3 +2679,32 @@ def test_a_module_node_keeping_what_each_step_computed_answers_each_generation_a
     assert all(steps_alike(decoded, layer.reset, reference))
     done = [fact["fact"] for fact in facts if fact.get("node") == "layer"]
     assert done == ["ran"] * 9  # none kept, none recalled
+
+
+class RunningSum(nn.Module):
+    """Adds each input into a buffer it keeps, in place, and answers the sum so far."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("total", torch.zeros(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.total += x
+        return self.total.clone()
+
+
+def test_a_module_node_writing_into_its_own_buffer_keeps_no_answer(store: Store) -> None:
+    """A frozen, cached node whose forward adds into a buffer of its module in place keeps
+    none of its answers: one recalled in a later run would leave the buffer as it was, and
+    every answer after it would be another than the module's own."""
+    answers = []
+    for _ in range(2):  # the second run as a new process would: a module made anew
+        module, reference = RunningSum(), RunningSum()
+        g = Graph.somatize(smt.ModuleNode(module).named("sum").frozen().cached())
+        smt.freeze(g)
+        facts: list[dict[str, Any]] = []
+        for scale in (1.0, 2.0, 1.0):
+            x = torch.full((3,), scale)
+            answers.append((g.forward(Opaque(x), store=store, watching=facts.append), reference(x)))
+        assert [f["fact"] for f in facts if f.get("node") == "sum"] == ["ran"] * 3
+    assert all(torch.equal(got, wanted) for got, wanted in answers)
