@@ -407,6 +407,62 @@ def test_a_wrapper_a_decorator_of_its_package_makes_is_read_by_its_own_code(
     assert [a != b for a, b in zip(now, first, strict=True)] == [True, True]
 
 
+_COMMENTED = {
+    "tools": """
+def shift(x):
+    \"\"\"Moves x on.\"\"\"
+    # by one
+    return x + 1
+""",
+    "nodes": """
+from somatize import Node
+
+from .tools import shift as moved
+
+class Commented(Node):
+    \"\"\"Scales.\"\"\"
+
+    scale = lambda self, x: x * 2  # noqa: E731
+
+    def forward(self, x, ctx):
+        \"\"\"Answers x moved and scaled.\"\"\"
+        def twice(y):
+            return y * 2  # doubled
+
+        # moved first
+        return self.scale(twice(moved(x)))
+""",
+}
+
+
+def test_a_comment_a_docstring_or_the_layout_edited_is_no_other_code(tmp_path: Path) -> None:
+    """What a node's code computes is not in its comments, its docstrings nor how its lines
+    are laid out: a package edited only there keeps the fingerprint in a new process, so an
+    answer it kept is recalled as the code's own, not drifted (nor computed again under
+    `strict`), while an edit of what it computes is still another fingerprint."""
+    package = _package(tmp_path, "commented", **_COMMENTED)
+    first = _fingerprints_in(tmp_path, "commented.nodes", "Commented")
+    for module, old, new in [
+        ("tools", "# by one", "# by one, always"),
+        ("tools", "Moves x on.", "Moves x on by one."),
+        ("nodes", "# doubled", "# times two"),
+        ("nodes", "# moved first", "# moved first, then scaled"),
+        ("nodes", "Answers x moved and scaled.", "Answers x, moved, scaled."),
+        ("nodes", "x: x * 2  # noqa: E731", "x: (x * 2)  # noqa: E731"),
+        (
+            "nodes",
+            "self.scale(twice(moved(x)))",
+            "self.scale(\n            twice(moved(x))\n        )",
+        ),
+    ]:
+        text = (package / f"{module}.py").read_text()
+        _write(package / f"{module}.py", text.replace(old, new))
+        assert _fingerprints_in(tmp_path, "commented.nodes", "Commented") == first, old
+    text = (package / "tools.py").read_text()
+    _write(package / "tools.py", text.replace("x + 1", "x + 2"))
+    assert _fingerprints_in(tmp_path, "commented.nodes", "Commented") != first
+
+
 _WRAPS_BY_AN_OBJECT = """
 import functools
 

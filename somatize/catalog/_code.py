@@ -51,7 +51,9 @@ def _source_of(function: FunctionType) -> bytes | None:
     the code the function runs at the same line — None when it does not (the file was
     edited since it was loaded, another definition is found there) or cannot be found (a
     function typed into an interpreter). The whole file is compiled, since how a line
-    compiles depends on what is around it (its class, its module's imports)."""
+    compiles depends on what is around it (its class, its module's imports). It is read
+    as it parses (:func:`_what_runs`): a comment, a docstring or the layout of its lines
+    edited is no other code."""
     code = function.__code__
     # a wrapper (`functools.wraps`) by its own lines: inspect reads those of what it wraps
     read = code if "__wrapped__" in vars(function) else function
@@ -63,7 +65,24 @@ def _source_of(function: FunctionType) -> bytes | None:
         code.co_filename
     ).compiled:
         return None
-    return textwrap.dedent("".join(lines)).encode()
+    return _what_runs(textwrap.dedent("".join(lines))).encode()
+
+
+def _what_runs(source: str) -> str:
+    """``source`` as what it parses to, written again: without its comments, the
+    docstrings of its functions and classes, or the layout of its lines, none of which is
+    run — ``source`` itself where it does not parse on its own (a lambda read with the
+    lines of the call around it)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return source
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and (
+            ast.get_docstring(node, clean=False) is not None
+        ):
+            node.body = node.body[1:]
+    return ast.unparse(tree)
 
 
 class _Source:

@@ -122,7 +122,7 @@ def fingerprint_of(*kinds: type) -> str:
     entries = sorted(
         (f"{k.__module__}:{k.__qualname__}".encode(), _written(k, state, kept)) for k in lineage
     )
-    digest = hashlib.sha256(b"somatize code 2\0")
+    digest = hashlib.sha256(b"somatize code 3\0")
     for name, written in entries:
         digest.update(len(name).to_bytes(8, "little") + name + written)
     said = "sha256:" + digest.hexdigest()[:16]
