@@ -4,7 +4,8 @@
 :class:`~somatize.data.Parquet` reads a dataset in a store, for data that does not
 live in one. Its version is worked out from the files' names, sizes and content
 digests, so any changed byte changes it; a file that changes after that is refused
-rather than read under the old version. It reads each file's footer once and then
+rather than read under the old version (one written again with the same bytes, its stat
+moved, is hashed again and read on). It reads each file's footer once and then
 holds only a few files open (``_OPEN_FILES``), opening one again when a span reaches
 it, so a directory may hold more files than a process may have open; it reads them
 through files, not memory maps, so a file cut short while open is a short read; a
@@ -580,8 +581,9 @@ class ParquetDir(_Versioned):
             with self._files.using(index, partial(self._opened, index, footers[index])) as one:
                 piece = one.read(max(at - offset, 0), end - max(at, offset), self._held, index)
             # Again after the read: a file rewritten in place while it was being read (its
-            # time moves before its bytes do) may have handed over some of its new rows.
-            self._check(index)
+            # time moves before its bytes do) may have handed over some of its new rows,
+            # even where it was written back as it was by now.
+            self._check(index, read=True)
             if piece.num_rows:
                 pieces.append(_as_shared(piece, schema))
             index += 1
@@ -595,16 +597,37 @@ class ParquetDir(_Versioned):
             "version"
         )
 
-    def _check(self, index: int) -> None:
-        """DatasetChanged when file ``index``'s stat is not the one its digest was taken at."""
+    def _check(self, index: int, *, read: bool = False) -> None:
+        """DatasetChanged when file ``index``'s stat is not the one its digest was taken at;
+        before a span is read from it, unless the file, hashed again, holds the bytes of that
+        digest (:meth:`_same_bytes`), but not after: what was ``read`` meanwhile may be
+        other bytes."""
         try:
             now = _stat_of(self.root / self.files[index])
         except FileNotFoundError:
             now = None
         if now != self._stats[index]:
-            raise self._changed(index)
-        if self._blocks[index] is not None and not _racy(now):
+            if read or now is None or now[3] != self._stats[index][3]:
+                raise self._changed(index)
+            self._same_bytes(index)
+        elif self._blocks[index] is not None and not _racy(now):
             self._vouched(index)
+
+    def _same_bytes(self, index: int) -> None:
+        """File ``index``, whose stat moved since its digest was taken, hashed again: written
+        again with the same bytes (a job that writes its dataset anew each run, a copy of a
+        worker that built the source before that), it holds the rows the version names and
+        is read on under its new stat, opened afresh (a file put in its place is another
+        file); DatasetChanged when it does not hash to its digest."""
+        relative = self.files[index]
+        try:
+            digest, stat, blocks = _file_digest(self.root / relative, relative)
+        except (NotParquet, DatasetChanged, OSError):
+            raise self._changed(index) from None
+        if digest != self._digests[index]:
+            raise self._changed(index)
+        self._stats[index], self._blocks[index] = stat, blocks
+        self._files.let_go(index)
 
     def _vouched(self, index: int) -> None:
         """File ``index``, read through checked blocks until its stat could vouch for it,
@@ -665,6 +688,7 @@ class ParquetDir(_Versioned):
             if self._footers is None:
                 footers = []
                 for index in range(len(self.files)):
+                    self._check(index)  # written again since, with the same bytes: read on
                     one = self._opened(index, None)
                     one.close()
                     footers.append(one.footer)
