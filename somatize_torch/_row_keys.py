@@ -62,7 +62,7 @@ from somatize_torch._precision import products
 from somatize_torch._row_ahead import _take_named
 from somatize_torch._row_errors import NeedsIndex, RowsError, _describe
 from somatize_torch._state import StateWatch
-from somatize_torch.deferred import DeferredRows
+from somatize_torch.deferred import _KNOWN, DeferredRows
 from somatize_torch.digest import (
     DTYPES,
     before_raw,
@@ -292,6 +292,7 @@ def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> tuple[_Keying, 
         dtype, shape = _deferred_row(self, x)
         if x.version is None and version is not None:
             _lend_version(self, x.source, version)
+            self._keyed_as.setdefault((x.source, x.generation), version)
         version = x.version or version
     else:
         dtype, shape = x.dtype, x.shape[1:]
@@ -345,6 +346,33 @@ def _lend_version(self: CachedRows, source: str, version: str) -> None:
             "version, `Deferred(inputs, ..., version='val@1')` (a Deferred made again over "
             "the same data needs one too: the cache cannot tell it is the same)"
         )
+
+
+def _version_moved(self: CachedRows, was: str | None) -> None:
+    """Moves the :class:`~somatize_torch.deferred.Deferred` the cache's version ``was`` was
+    lent to (:func:`_lend_version`) to a new generation, as the cache's version changes:
+    the new one may name its inputs changed in place, so batches made from it from now on
+    (by workers started after) are told from those made before, whose inputs
+    :func:`given_holds` takes only under the version their generation was keyed under."""
+    lent = None if was is None else self._lent_to.get(was)
+    dataset = None if lent is None else _KNOWN.get(lent)
+    if dataset is not None:
+        dataset._moved()
+
+
+def given_holds(self: CachedRows, x: DeferredRows, version: str | None) -> bool:
+    """Whether the inputs that came with deferred rows keyed under ``version`` are those of
+    the samples it names. Rows of a Deferred without a version of its own are keyed under
+    the cache's, whatever the Deferred held when their inputs were loaded (a persistent
+    DataLoader worker holds it as it was when it started): inputs of a generation before
+    the Deferred was given the ones it holds, or first keyed under another version of the
+    cache's, are of other data, and loaded again as it is now."""
+    if x.version is not None or x.given is None or x.generation is None:
+        return True  # keyed under their own version; or nothing came; or made as it is now
+    dataset = x.dataset()
+    if x.generation < dataset._inputs_from:
+        return False
+    return self._keyed_as.get((x.source, x.generation)) == version
 
 
 def _deferred_row(self: CachedRows, x: DeferredRows) -> tuple[torch.dtype, torch.Size]:

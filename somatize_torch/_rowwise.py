@@ -24,7 +24,7 @@ from somatize.errors import SomatizeError
 from somatize_torch._errors import CachedInputNeedsGrad
 from somatize_torch._precision import float32_precision, reduced
 from somatize_torch._row_errors import NotRowwise, RowsError, _describe
-from somatize_torch._row_keys import _floating_dtypes, _Keying, code_moved
+from somatize_torch._row_keys import _floating_dtypes, _Keying, code_moved, given_holds
 from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import DTYPES
@@ -48,7 +48,7 @@ def _compute(
     if not _in_eval(self):  # one flag a part, not a walk naming every part, at each batch
         check_still(type(module).__name__, module)
     if isinstance(x, DeferredRows):
-        sub = x.load(positions)
+        sub = x.load(positions, as_given=given_holds(self, x, keying.version))
         if sub.dtype != keying.dtype:
             sub = sub.to(keying.dtype)
     elif len(positions) == x.shape[0]:

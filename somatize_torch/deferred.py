@@ -44,6 +44,13 @@ true half precision converts a batch tensor), and keys them as such.
 
 A batch made in a DataLoader worker travels to the loop as its indices, the name
 of its :class:`Deferred` (never the dataset itself) and the inputs loaded with it.
+A persistent DataLoader worker holds the Deferred as it was when it started: inputs
+it loads after the Deferred was given others (``data.inputs = new``), or after the
+cache whose version keys a Deferred without its own was given another
+(``cached.version = "v2"``: the data changed in place), are the old data's. Rows carry
+the Deferred's ``generation``, which moves with either change, and a cache computes
+rows that came with such inputs from inputs loaded now: under the new version it
+never keeps what the old data answers.
 """
 
 from __future__ import annotations
@@ -94,6 +101,8 @@ class Deferred(Dataset[Any]):
                     f"everything handed out beside the inputs is indexed like them: inputs "
                     f"have {count} samples, argument {n + 2} is {_length(other)}"
                 )
+        # How many times what the inputs are read from changed (`_moved`), carried by rows.
+        self.generation = 0
         self.inputs = inputs
         self.beside = beside
         self.name = secrets.token_hex(8)
@@ -122,6 +131,28 @@ class Deferred(Dataset[Any]):
             )
         self._version: str | None = value
 
+    @property
+    def inputs(self) -> Any:
+        """What the inputs are read from. Given others, the Deferred moves to a new
+        :attr:`generation`, and inputs loaded from it before (by persistent DataLoader
+        workers, which hold it as it was) are no longer its own."""
+        return self._inputs
+
+    @inputs.setter
+    def inputs(self, value: Any) -> None:
+        self._inputs = value
+        self._moved()
+        self._inputs_from = self.generation  # inputs that came from a generation before are not its
+
+    def _moved(self) -> None:
+        """Moves to a new :attr:`generation`: what the inputs are read from was given anew,
+        or a cache keying their rows under its version was given another (which may name
+        them changed in place). Rows carry the generation of the Deferred they were made
+        from — a DataLoader worker's copy holds the one of when it started — so a cache
+        tells inputs that came with them from a Deferred as it was from inputs loaded from
+        it as it is (:func:`~somatize_torch._row_keys.given_holds`)."""
+        self.generation += 1
+
     def __len__(self) -> int:
         return self._count
 
@@ -147,8 +178,10 @@ class Deferred(Dataset[Any]):
         else:
             for p in unanswered:
                 values[p] = self.inputs[picks[p]]
+        version, generation = self.version, self.generation
         rows = [
-            Row(self.name, i, self.version, value) for i, value in zip(picks, values, strict=True)
+            Row(self.name, i, version, value, generation)
+            for i, value in zip(picks, values, strict=True)
         ]
         if not self.beside:
             return rows
@@ -233,15 +266,23 @@ class Deferred(Dataset[Any]):
 class Row:
     """One sample's input, not loaded — the name of its :class:`Deferred` and its index —
     or, for a sample no cache has answered yet, loaded with the sample (``value``, where
-    DataLoader workers load it). The default collate makes a batch of them one
-    :class:`DeferredRows`."""
+    DataLoader workers load it, from the Deferred at ``generation``). The default collate
+    makes a batch of them one :class:`DeferredRows`."""
 
-    __slots__ = ("index", "source", "value", "version")
+    __slots__ = ("generation", "index", "source", "value", "version")
 
-    def __init__(self, source: str, index: int, version: str | None, value: Any = None) -> None:
+    def __init__(
+        self,
+        source: str,
+        index: int,
+        version: str | None,
+        value: Any = None,
+        generation: int | None = None,
+    ) -> None:
         self.source = source
         self.index = index
         self.version = version
+        self.generation = generation
         self.value = value
 
     def __repr__(self) -> str:
@@ -252,14 +293,16 @@ class Row:
 class DeferredRows:
     """A batch of inputs, mostly not loaded: the samples' indices (``index``, a 1-d int64
     tensor on the CPU), the :class:`Deferred` they come from, the device rows are loaded
-    to, and the inputs loaded with the batch (``given``, for the rows at ``given_at``:
-    samples no cache had answered when it was made). Handed to a row-cached module keyed
-    by index, it loads only the rows it computes that came without their input."""
+    to, the inputs loaded with the batch (``given``, for the rows at ``given_at``:
+    samples no cache had answered when it was made) and the :attr:`Deferred.generation`
+    they were loaded at (None: the one it is at). Handed to a row-cached module keyed by
+    index, it loads only the rows it computes that came without their input."""
 
     __slots__ = (
         "__weakref__",
         "_dataset",
         "device",
+        "generation",
         "given",
         "given_at",
         "index",
@@ -275,6 +318,7 @@ class DeferredRows:
         device: torch.device,
         given: torch.Tensor | None = None,
         given_at: Sequence[int] = (),
+        generation: int | None = None,
     ) -> None:
         self.source = source
         self.index = index
@@ -282,6 +326,7 @@ class DeferredRows:
         self.device = device
         self.given = given
         self.given_at = list(given_at)
+        self.generation = generation
         self._dataset = _KNOWN.get(source)  # held: a batch keeps its dataset alive
 
     def __len__(self) -> int:
@@ -292,7 +337,15 @@ class DeferredRows:
         return f"DeferredRows({len(self)} rows of {self.source}{given}, device={self.device})"
 
     def __reduce__(self) -> tuple[Any, ...]:
-        state = (self.source, self.index, self.version, self.device, self.given, self.given_at)
+        state = (
+            self.source,
+            self.index,
+            self.version,
+            self.device,
+            self.given,
+            self.given_at,
+            self.generation,
+        )
         return (DeferredRows, state)
 
     def to(
@@ -303,7 +356,13 @@ class DeferredRows:
         if device is None or isinstance(device, torch.dtype):
             return self
         return DeferredRows(
-            self.source, self.index, self.version, torch.device(device), self.given, self.given_at
+            self.source,
+            self.index,
+            self.version,
+            torch.device(device),
+            self.given,
+            self.given_at,
+            self.generation,
         )
 
     def dataset(self) -> Deferred:
@@ -344,12 +403,15 @@ class DeferredRows:
             self.loadable()
         return dataset.row()
 
-    def load(self, positions: Sequence[int] | None = None) -> torch.Tensor:
+    def load(
+        self, positions: Sequence[int] | None = None, *, as_given: bool = True
+    ) -> torch.Tensor:
         """The inputs of the rows at batch ``positions`` (all by default), on ``device``:
-        those given with the batch as they came, the others loaded now."""
+        those given with the batch as they came (unless not ``as_given``: inputs of other
+        data, every one loaded now), the others loaded now."""
         wanted = list(range(len(self))) if positions is None else list(positions)
         dataset = self.dataset()
-        slot = {p: k for k, p in enumerate(self.given_at)}
+        slot = {p: k for k, p in enumerate(self.given_at)} if as_given else {}
         came = [k for k, p in enumerate(wanted) if p in slot]
         # Inputs that came with the rows are of the version they name, whatever the
         # Deferred holds now; only those loaded here must be of it (:meth:`loadable`).
@@ -394,7 +456,9 @@ def _collate(batch: list[Row], *, collate_fn_map: Any = None) -> DeferredRows:
     index = torch.tensor([row.index for row in batch], dtype=torch.long)
     given_at = [p for p, row in enumerate(batch) if row.value is not None]
     given = default_collate([batch[p].value for p in given_at]) if given_at else None
-    return DeferredRows(source, index, batch[0].version, torch.device("cpu"), given, given_at)
+    first = batch[0]
+    cpu = torch.device("cpu")
+    return DeferredRows(source, index, first.version, cpu, given, given_at, first.generation)
 
 
 def _named(version: str | None) -> str:

@@ -99,6 +99,7 @@ from somatize_torch._row_keys import (
     _row_ids,
     _settle,
     _share_registries,
+    _version_moved,
     code_watch,
     converted,
 )
@@ -174,6 +175,13 @@ class CachedRows(nn.Module):
         _share_registries(self, module)  # the module's own dicts of parts, not copies
         self._version = module._version  # what a checkpoint records for the module's layout
         self._key_mode: KeyMode = key
+        # The one Deferred without a version of its own whose rows are keyed under
+        # `version` (by its name), if any.
+        self._lent_to: dict[str, str] = {}  # the cache's versions, each by the Deferred lent it
+        # The version of the cache's the rows of each such Deferred, by its name and
+        # generation, were first keyed under (`_row_keys.given_holds`).
+        self._keyed_as: dict[tuple[str, int | None], str] = {}
+        self._dataset_version = None
         self.version = version
         self._salt = salt
         self.strict = strict
@@ -240,9 +248,6 @@ class CachedRows(nn.Module):
         self._named_lock = ProcessLock()  # a forked DataLoader worker gets it unheld
         # Deferred datasets whose answered samples were looked up in the store, per keying.
         self._seeded: set[tuple[str, int]] = set()
-        # The one Deferred without a version of its own whose rows are keyed under
-        # `version` (by its name), if any.
-        self._lent_to: dict[str, str] = {}  # the cache's versions, each by the Deferred lent it
         self._seeders: list[threading.Thread] = []
         # Told (with this cache) when a forward finds the module unfrozen: if it answers
         # True it has put the module back uncached, and the forward answers with the
@@ -365,7 +370,9 @@ class CachedRows(nn.Module):
     @version.setter
     def version(self, value: Any) -> None:
         check_options(self._key_mode, value, None, 0, 0, False)
-        self._dataset_version = value
+        was, self._dataset_version = self._dataset_version, value
+        if value != was:
+            _version_moved(self, was)
 
     @property
     def salt(self) -> str | None:

@@ -615,3 +615,69 @@ def test_rows_that_came_with_their_inputs_before_a_new_version_are_answered_from
         for rows in handed_out:
             assert torch.equal(cached(rows), cached.module(first[rows.index]))
         assert cached.stats.computed == 8
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["given", "in-place"])
+@pytest.mark.parametrize("workers", [0, 1], ids=["made-before", "persistent"])
+def test_inputs_loaded_before_new_inputs_are_not_kept_under_the_new_version(
+    tmp_path: Path, workers: int, in_place: bool
+) -> None:
+    """A Deferred without a version of its own, given other inputs (or its inputs changed
+    in place) under a new version of its cache: rows whose inputs were loaded from it as
+    it was (by persistent workers, which hold it as it was when they started, or made
+    before) are computed from its inputs as they are now, never kept under the new
+    version from the old ones, so that a fresh loader and cache recall the new data's
+    answers."""
+    first, second = images(16, 8), images(17, 8)
+    data = Deferred(first.clone())
+    cached = cache_rows(encoder(), tmp_path, key="index", version="data@1")
+    with torch.no_grad():
+        loader = DataLoader(data, batch_size=4, num_workers=workers, persistent_workers=workers > 0)
+        cached(next(iter(loader)))  # samples 0-3 answered under data@1
+        pending = iter(loader)  # workers start; samples 4-7 come with the inputs of then
+        if workers == 0:
+            pending = iter(list(pending))
+        if in_place:
+            data.inputs.copy_(second)
+        else:
+            data.inputs = second
+        cached.version = "data@2"
+        given = 0
+        for rows in pending:
+            given += len(rows.given_at)
+            assert torch.equal(cached(rows), cached.module(second[rows.index]))
+        assert given == 4
+        cached.flush()
+        fresh = cache_rows(encoder(), tmp_path, key="index", version="data@2")
+        for rows in batches(data, size=4):
+            assert torch.equal(fresh(rows), fresh.module(second[rows.index]))
+
+
+def test_inputs_that_came_under_the_version_they_were_keyed_under_are_taken(
+    tmp_path: Path,
+) -> None:
+    """The inputs persistent workers load are taken as they come while the cache keys them
+    under the version it first keyed their Deferred's rows under, though its version was
+    another meanwhile (a validation stage's, as the callback keys it); and a loader made
+    after the cache's version changed has its workers' inputs taken: nothing is loaded in
+    the loop's process."""
+    x = images(18, 16)
+    inputs = Counted(x)
+    data = Deferred(inputs)
+    cached = cache_rows(encoder(), tmp_path, key="index", version="data@1")
+    first = DataLoader(data, batch_size=4, sampler=range(8), num_workers=1, persistent_workers=True)
+    with torch.no_grad():
+        pending = iter(first)
+        for epoch in range(2):
+            for n, rows in enumerate(pending):
+                if epoch == 0 and n == 1:  # a stage of its own in between
+                    cached.version = "data@1|validate"
+                    cached.version = "data@1"
+                assert torch.equal(cached(rows), cached.module(x[rows.index]))
+            pending = iter(first)
+        cached.version = "data@2"
+        later = DataLoader(data, batch_size=4, sampler=range(8, 16), num_workers=1)
+        for rows in later:
+            assert len(rows.given_at) == 4
+            assert torch.equal(cached(rows), cached.module(x[rows.index]))
+    assert inputs.loaded == [] and cached.stats.computed == 16
