@@ -192,6 +192,9 @@ class Deferred(Dataset[Any]):
         return list(zip(rows, *columns, strict=True))
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        if "inputs" in state:  # saved before its inputs could be given anew
+            state = {**state, "_inputs": state["inputs"], "generation": 0, "_inputs_from": 0}
+            del state["inputs"]
         self.__dict__.update(state)
         # A copy in a spawned DataLoader worker takes the name its batches travel under.
         if _KNOWN.setdefault(self.name, self) is not self:

@@ -681,3 +681,17 @@ def test_inputs_that_came_under_the_version_they_were_keyed_under_are_taken(
             assert len(rows.given_at) == 4
             assert torch.equal(cached(rows), cached.module(x[rows.index]))
     assert inputs.loaded == [] and cached.stats.computed == 16
+
+
+def test_a_deferred_saved_before_its_inputs_could_be_given_anew_loads() -> None:
+    """A Deferred saved (`torch.save`, pickle) as it was written before its inputs could be
+    given anew, holding them as `inputs` and no generation, loads and hands out its
+    samples, from generation 0."""
+    images = torch.randn(6, 3)
+    saved = dict(vars(Deferred(images, version="v1")))
+    saved["inputs"] = saved.pop("_inputs")
+    del saved["generation"], saved["_inputs_from"]
+    loaded = Deferred.__new__(Deferred)
+    loaded.__setstate__(saved)
+    assert loaded.inputs is images and loaded.generation == 0
+    assert torch.equal(loaded[2].value, images[2])
