@@ -730,7 +730,7 @@ class ModuleNode(Node):
         with self._keyed_autocast(ctx):
             out = self.call(*x) if spread else self.call(x)
         # Weights or buffers the forward wrote into (a running sum added into a buffer).
-        self._state_moved = still and state.changed()
+        self._state_moved = still and state is not None and state.changed()
         if drawn and generator_states(self.module, x) != generators:
             raise FreezeError(
                 drew_at_random(
