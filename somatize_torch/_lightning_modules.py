@@ -530,13 +530,16 @@ class Found:
         cached. In validate, test or predict nothing trains and nothing is said: its parts
         decide, as a frozen module's do (a dropout put in train mode to sample predictions
         runs it uncached)."""
-        trainable = fitting and any(p.requires_grad for p in module.parameters())
+        # A part another callback's cache froze is taken as the model had it (a stem).
+        as_found = AsFound.take(module, shared=True)
+        trainable = fitting and any(required for _, required, _ in as_found.grads)
+        modes = {id(part): training for part, training in as_found.modes}
         mode_dependent = [
-            (name, part, part.training)
+            (name, part, modes[id(part)])
             for name, part in module.named_modules()
             if _computes_otherwise(part) and not trainable
         ]
-        return cls(places_of(pl_module, module), AsFound.take(module), pl_module, mode_dependent)
+        return cls(places_of(pl_module, module), as_found, pl_module, mode_dependent)
 
     def in_train_mode(self, mode: bool) -> list[str]:
         """The parts that compute otherwise in train mode and would run in it now without

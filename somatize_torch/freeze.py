@@ -44,6 +44,7 @@ import os
 import sys
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Collection, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -322,14 +323,29 @@ class AsFound:
     since: int = 0
 
     @classmethod
-    def take(cls, module: nn.Module) -> AsFound:
-        return cls(
-            module,
-            is_held(module),
-            [(part, part.training) for part in module.modules()],
-            [(p, p.requires_grad, p.grad) for p in module.parameters()],
-            next(_asks),
-        )
+    def take(cls, module: nn.Module, *, shared: bool = False) -> AsFound:
+        """``module`` as it is now, to be put back so. With ``shared`` (a module to be put
+        back when the modules it may share a part with are: a stem), a part of it that the
+        hold of another module taken so froze is taken as the model had it, as that one is
+        to put it back (:func:`_as_had`); and it is kept until put back, for one taken so
+        after."""
+        held = is_held(module)
+        modes = [(part, part.training) for part in module.modules()]
+        grads = [(p, p.requires_grad, p.grad) for p in module.parameters()]
+        if shared and not held:
+            modes, grads = _as_had(module, modes, grads)
+        found = cls(module, held, modes, grads, next(_asks))
+        if shared:
+            with _taken_lock:
+                _taken[id(module)] = found
+        return found
+
+    def unheld_mode(self) -> bool:
+        """The mode the module would be in now had it never been held: the one last asked
+        of it while it was held, or the one it was found in."""
+        held = _asker(self.module)
+        whole = held.asked if held is not None else None
+        return whole[1] if whole is not None and whole[0] > self.since else self.modes[0][1]
 
     def put_back(
         self, mode: bool | None = None, *, grads: bool = True, gradients: bool = False
@@ -342,11 +358,13 @@ class AsFound:
         ``mode`` was asked of the whole module after. Held when found, its parts get their
         modes as found. With ``grads``, each parameter requires grad as when found; with
         ``gradients``, it has the gradient it kept then back."""
+        with _taken_lock:
+            if _taken.get(id(self.module)) is self:
+                del _taken[id(self.module)]
         found = self.modes[0][1]
         held = _asker(self.module)
-        whole = held.asked if held is not None else None
         if mode is None:
-            mode = whole[1] if whole is not None and whole[0] > self.since else found
+            mode = self.unheld_mode()
         if self.held:
             modes = self.modes
         else:
@@ -398,6 +416,42 @@ class AsFound:
                 base = own[1]
             modes.append((part, base))
         return modes
+
+
+_taken: weakref.WeakValueDictionary[int, AsFound] = weakref.WeakValueDictionary()
+"""Each module taken as found sharing parts (:meth:`AsFound.take`), by its id, until it is
+put back."""
+
+_taken_lock = threading.Lock()
+
+
+def _as_had(
+    module: nn.Module,
+    modes: list[tuple[nn.Module, bool]],
+    grads: list[tuple[nn.Parameter, bool, torch.Tensor | None]],
+) -> tuple[list[tuple[nn.Module, bool]], list[tuple[nn.Parameter, bool, torch.Tensor | None]]]:
+    """``modes`` and ``grads`` (each part of ``module`` with its mode now, each parameter
+    with whether it requires grad and its gradient now) with those of a part another
+    module held now was found with (taken as found before it was held, and not put back:
+    a module sharing a part with ``module``) as the model had them: each part in the mode
+    it is to be put back in were that module let go of now, each parameter as found."""
+    with _taken_lock:
+        others = [
+            found
+            for found in _taken.values()
+            if found.module is not module and not found.held and is_held(found.module)
+        ]
+    for found in others:
+        had = {id(part): training for part, training in found.modes}
+        shared = [(k, part) for k, (part, _) in enumerate(modes) if id(part) in had]
+        if shared:
+            parts = [(part, had[id(part)]) for _, part in shared]
+            unheld = found.unheld_modes(found.unheld_mode(), parts)
+            for (k, part), training in zip(shared, unheld, strict=True):
+                modes[k] = (part, training)
+        required = {id(p): (was, gradient) for p, was, gradient in found.grads}
+        grads = [(p, *required.get(id(p), (was, gradient))) for p, was, gradient in grads]
+    return modes, grads
 
 
 @contextlib.contextmanager

@@ -2057,17 +2057,27 @@ class SharedStem(Probe):
         return torch.optim.SGD([p for p in self.parameters() if p.requires_grad], lr=self.lr)
 
 
-def _shared_stem_runs_uncached(tmp_path: Path, kind: type[SharedStem]) -> None:
-    """Fits a ``kind`` with and without a CacheFrozen over its two encoders, checking that
-    both run uncached, in train mode, and that the model trains and is handed back as
-    without the callback."""
+def _shared_stem_runs_uncached(
+    tmp_path: Path, kind: type[SharedStem], *, apart: bool = False
+) -> None:
+    """Fits a ``kind`` with and without a CacheFrozen over its two encoders (or, ``apart``,
+    one CacheFrozen for each), checking that both run uncached, in train mode, and that
+    the model trains and is handed back as without the callback."""
     plain = kind()
     trainer(tmp_path / "plain", 2).fit(plain, loader())
     model = kind()
-    with pytest.warns(Uncached, match="would run in train mode"):
-        trainer(tmp_path / "cached", 2, callbacks=[CacheFrozen(None, ["left", "right"])]).fit(
-            model, loader()
-        )
+    names = [["left"], ["right"]] if apart else [["left", "right"]]
+    callbacks = [CacheFrozen(None, these) for these in names]
+    with pytest.warns(Uncached, match="would run in train mode") as said:
+        trainer(tmp_path / "cached", 2, callbacks=callbacks).fit(model, loader())
+    uncached = {
+        n
+        for w in said
+        if issubclass(w.category, Uncached)
+        for n in ("left", "right")
+        if f"`{n}`" in str(w.message)
+    }
+    assert uncached == {"left", "right"}
     assert {n: m.training for n, m in model.named_modules()} == {
         n: m.training for n, m in plain.named_modules()
     }
@@ -2114,6 +2124,23 @@ def test_a_named_module_sharing_a_part_with_one_frozen_in_setup_waits_for_it(
     so, and the part was handed back in eval. Both run in train mode, uncached, and the
     head trains as without the callback."""
     _shared_stem_runs_uncached(tmp_path, SharedStemFrozenInSetup)
+
+
+def test_two_callbacks_caching_modules_that_share_a_part_find_each_as_the_model_had_it(
+    tmp_path: Path,
+) -> None:
+    """Two CacheFrozen callbacks, each naming one of two modules sharing a part left in
+    train mode: the second looks at its module as the model had it, not as the first's
+    cache froze the part (in eval). Both run in train mode, uncached, the head trains as
+    without the callbacks, and the part is handed back in train mode. Shared and left to
+    train, the part is handed back requiring grad, in train mode, after a validation."""
+    _shared_stem_runs_uncached(tmp_path, SharedStem, apart=True)
+
+    trained = SharedStem(trainable=True)
+    callbacks = [CacheFrozen(None, ["left"]), CacheFrozen(None, ["right"])]
+    trainer(tmp_path / "validated", 1, callbacks=callbacks).validate(trained, loader())
+    assert all(p.requires_grad for p in trained.left[0].parameters())
+    assert trained.left[0].training
 
 
 def test_unknown_submodule_is_refused(tmp_path: Path) -> None:
