@@ -477,7 +477,7 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     # Weights changed since the node was frozen (a checkpoint loaded, a part replaced), or
     # a setting or hook it keeps: it is keyed by its new state and what it declares now,
     # said to the owner's graph here so that the graphs below are built for them.
-    state = held.restate()
+    state = held.restate(self.owner._refuse_tied)
     if state is not None:
         memory.freeze(name, state)
     if held.declaration_moved() or state is not None:

@@ -602,7 +602,7 @@ class ModuleNode(Node):
         args, kwargs = self._made
         return f"{maker}.build", args, kwargs
 
-    def restate(self) -> str | None:
+    def restate(self, tied: Callable[[], None] | None = None) -> str | None:
         """Once frozen: the digest of the module's state if it changed since (a checkpoint
         loaded, a submodule replaced, the module converted to another dtype; see
         :class:`StateWatch`, asked thoroughly), the module held frozen again and the
@@ -612,8 +612,12 @@ class ModuleNode(Node):
         train mode directly (``encoder.drop.train()``) and puts it back in eval, as a run
         does: the answer recalled for it is the one it computes in eval. A part put
         in place of another (in train mode, as a module is made) is held in eval with the
-        rest, without a warning."""
-        state, self._watch = restated(self._smz.name or repr(self), self.module, self._watch)
+        rest, without a warning.
+
+        ``tied``, where the module is a part of a larger model (a wrapped model's declared
+        submodule), is called when the state changed, before the module is held frozen
+        again: it refuses a parameter put in since that a part left to train shares."""
+        state, self._watch = restated(self._smz.name or repr(self), self.module, self._watch, tied)
         if state is not None:
             self._smz.state = state
         return state
@@ -842,12 +846,18 @@ def _declared_read(module: nn.Module) -> dict[str, Any]:
 
 
 def restated(
-    name: str, module: nn.Module, watch: StateWatch | None
+    name: str,
+    module: nn.Module,
+    watch: StateWatch | None,
+    tied: Callable[[], None] | None = None,
 ) -> tuple[str | None, StateWatch | None]:
     """What :meth:`ModuleNode.restate` answers of ``module``, frozen at a state ``watch``
     has watched since (named ``name`` in a warning), and the watch from here on: the
     digest of its state if it changed since, the module held frozen again; None if
-    nothing changed, a part put in train mode directly put back in eval, with a warning."""
+    nothing changed, a part put in train mode directly put back in eval, with a warning.
+    On a change, ``tied`` (if given) is called before the module is held: holding it
+    would turn off the gradient of a parameter put in since that a part left to train
+    holds too."""
     # Thoroughly: a conversion (`encoder.double()`) swaps each tensor's memory and
     # bumps no version counter, and the answers it computes after are others.
     if watch is None or not watch.changed(thorough=True):
@@ -860,6 +870,8 @@ def restated(
     # Tensors put in since (`load_state_dict(..., assign=True)`) are looked at as
     # freezing looked at the first ones; only on a change, so it costs nothing otherwise.
     refuse_unseen_state(type(module).__name__, module)
+    if tied is not None:
+        tied()
     hold(module)
     return watched_state(module)
 
@@ -1128,7 +1140,7 @@ def freeze(target: Graph | Wrapped, *names: str) -> dict[str, str]:
     for name in chosen:  # refused before anything is held
         refuse_unseen_state(name, module_of(graph.node(name)))
     if isinstance(target, Wrapped):
-        refuse_tied(target.model, [n for n in graph.nodes() if memory.is_frozen(n)])
+        target._refuse_tied()
     out: dict[str, str] = {}
     for name in chosen:
         node = graph.node(name)

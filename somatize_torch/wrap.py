@@ -123,7 +123,7 @@ from somatize_torch._tracing import (
     value_key,
 )
 from somatize_torch._values import Reread, Values
-from somatize_torch.freeze import ModuleNode, refuse_scripted
+from somatize_torch.freeze import ModuleNode, refuse_scripted, refuse_tied
 
 __all__ = [
     "CachedInputNeedsGrad",
@@ -357,6 +357,14 @@ class Wrapped(nn.Module):
 
     def _check(self) -> None:
         settled(self.graph, self.graph.memory)
+
+    def _refuse_tied(self) -> None:
+        """Refuses the model while a part left to train holds a parameter over the numbers
+        of a frozen part's (:func:`~somatize_torch.freeze.refuse_tied`): asked by ``freeze``,
+        and again when a frozen part's state changed since (a tied checkpoint loaded with
+        ``assign=True``, a trained parameter put in it), before it is held frozen again."""
+        memory = self.graph.memory
+        refuse_tied(self.model, [n for n in self.graph.nodes() if memory.is_frozen(n)])
 
     def _noted(self, name: str, record: Record | None) -> None:
         if record is None:

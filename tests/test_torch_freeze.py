@@ -1810,6 +1810,48 @@ def test_a_frozen_weight_a_trained_parameter_shares_memory_with_is_refused() -> 
         smt.freeze(smt.wrap(model, frozen=["encoder"]))
 
 
+def test_a_tied_checkpoint_loaded_after_freezing_is_refused(tmp_path: pathlib.Path) -> None:
+    """A checkpoint saved from a model with tied weights holds one memory under both
+    names: loaded with ``assign=True`` after freezing, the trained output layer rewrote the
+    frozen embedding as it trained, whose answers were recalled as they were. Refused at
+    the next call, naming both, until the layer has its own copy."""
+    tied = Tied()
+    saved = tmp_path / "tied.pt"
+    torch.save(tied.state_dict(), saved)
+    model = Tied()
+    model.out.weight = nn.Parameter(model.out.weight.detach().clone())
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=tmp_path / "s")
+    smt.freeze(wrapped)
+    ids = torch.tensor([1, 2, 3])
+    wrapped(ids)
+    wrapped.load_state_dict(torch.load(saved), assign=True)
+    assert model.out.weight.data_ptr() == model.encoder.weight.data_ptr()
+    with pytest.raises(smt.FreezeError, match=r"`encoder\.weight` is frozen.*`out\.weight`"):
+        wrapped(ids)
+    assert model.out.weight.requires_grad
+    model.out.weight = nn.Parameter(model.out.weight.detach().clone())
+    with torch.no_grad():
+        assert torch.equal(wrapped(ids), model.out(model.encoder(ids)))
+    assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2}
+
+
+def test_a_trained_parameter_put_in_a_frozen_part_after_freezing_is_refused(
+    tmp_path: pathlib.Path,
+) -> None:
+    """Tying the frozen embedding to the trained output layer after freezing
+    (``encoder.weight = out.weight``) held the layer's parameter frozen with the
+    embedding, so the layer silently stopped training. Refused at the next call, naming
+    both, its gradient left on."""
+    model = Tied()
+    model.out.weight = nn.Parameter(model.out.weight.detach().clone())
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=tmp_path)
+    smt.freeze(wrapped)
+    model.encoder.weight = model.out.weight
+    with pytest.raises(smt.FreezeError, match=r"`encoder\.weight` is frozen.*`out\.weight`"):
+        wrapped(torch.tensor([1, 2, 3]))
+    assert model.out.weight.requires_grad
+
+
 def test_parameters_over_separate_parts_of_one_buffer_are_not_tied() -> None:
     """Parameters that are separate views of one flat buffer share no numbers: freezing
     one part leaves the other training; a view that overlaps a frozen one is refused."""
