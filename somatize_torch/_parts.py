@@ -15,8 +15,9 @@ forward does, costs a look by identity per entry.
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -67,6 +68,11 @@ class _Parts:
         (the model's own, ``""``, included) had, by its path: fx calls that forward
         itself, so a hook or a ``forward`` given to it since would not run."""
         self.tops = frozenset(path.split(".")[0] for path in [*declared, *self.traced])
+        self.aliases: dict[str, tuple[str, ...]] | None = None
+        """The other paths at which the model held each part the code holds, when it was
+        first watched (``self.enc2 = self.enc``): fx calls or reads such a part by one of
+        its names only, so one of them given another part would not run as the model
+        runs it."""
         self._tables: list[dict[str, Any]] = []
         self._keys: list[str] = []
         self._values: list[Any] = []
@@ -82,7 +88,12 @@ class _Parts:
     def watch(self, model: nn.Module) -> None:
         """Notes the table entries on the way to every part, as they are now."""
         seen: dict[tuple[int, str], tuple[dict[str, Any], Any]] = {}
-        for path in [*self.declared, *self.traced, *(read.path for read in self.reads)]:
+        paths = [*self.declared, *self.traced, *(read.path for read in self.reads)]
+        if self.aliases is None:
+            self.aliases = _aliases(model, paths)
+            tops = (alias.split(".")[0] for names in self.aliases.values() for alias in names)
+            self.tops = self.tops.union(tops)
+        for path in [*paths, *(alias for names in self.aliases.values() for alias in names)]:
             owner: Any = model
             for atom in path.split("."):
                 table = _table_of(owner, atom)
@@ -117,13 +128,24 @@ class _Parts:
 
     def refuse(self, model: nn.Module, name: str, value: Any) -> None:
         """Refuses putting ``value`` in the model as ``name`` where that replaces a declared
-        submodule (or what holds one) with another object."""
+        submodule (or what holds one) with another object, or gives one of the names of a
+        part held under two another part."""
         for path, node in self.declared.items():
             if path.split(".")[0] == name and _part(model, name) is not value:
                 raise _replaced(path, node)
         for path, module in self.traced.items():
             if path.split(".")[0] == name and _part(model, name) is not value:
                 raise _retraced(path, module)
+        self._refuse_untied(lambda path: _part_if(model, path, name, value))
+
+    def _refuse_untied(self, at: Callable[[str], Any]) -> None:
+        """Refuses a part held under two names (:attr:`aliases`) that two parts are held
+        under, as ``at`` finds what the model holds at a path."""
+        for path, names in (self.aliases or {}).items():
+            held = at(path)
+            split = next((alias for alias in names if at(alias) is not held), None)
+            if split is not None:
+                raise _untied(path, split)
 
     def follow(self, model: nn.Module) -> None:
         """Points every segment at the part the model holds now; WrapError when a declared
@@ -134,6 +156,7 @@ class _Parts:
         for path, module in self.traced.items():
             if _part(model, path) is not module:
                 raise _retraced(path, module)
+        self._refuse_untied(lambda path: _part(model, path))
         for path, names in self.children.items():
             held = _part(model, path)
             now = tuple(held._modules) if isinstance(held, nn.Module) else ()
@@ -164,6 +187,35 @@ def _replaced(path: str, node: ModuleNode) -> WrapError:
         "in place of the new one. Wrap the model again after replacing a declared "
         "submodule (`somatize.torch.wrap(model, ...)`, then `freeze`), or load new weights "
         "into it instead (`load_state_dict`)"
+    )
+
+
+def _aliases(model: nn.Module, paths: list[str]) -> dict[str, tuple[str, ...]]:
+    """The other paths at which ``model`` holds what it holds at each of ``paths`` (a
+    module, parameter or buffer under two names), for those it holds under more than one."""
+    names: dict[int, list[str]] = {}
+    for name, one in itertools.chain(
+        model.named_modules(remove_duplicate=False),
+        model.named_parameters(remove_duplicate=False),
+        model.named_buffers(remove_duplicate=False),
+    ):
+        names.setdefault(id(one), []).append(name)
+    found: dict[str, tuple[str, ...]] = {}
+    for path in dict.fromkeys(paths):
+        others = tuple(dict.fromkeys(n for n in names.get(id(_part(model, path)), ()) if n != path))
+        if path and others:
+            found[path] = others
+    return found
+
+
+def _untied(path: str, alias: str) -> WrapError:
+    return WrapError(
+        f"`{path}` and `{alias}` held the same part when `wrap` traced the model, and hold "
+        f"two now: fx calls or reads such a part by one of its names, `{path}`, wherever the "
+        f"forward does, so the wrapped model would use one part where the model uses the other. "
+        "Wrap the model again after giving them parts of their own "
+        "(`somatize.torch.wrap(model, ...)`, then `freeze`), or load new weights into the "
+        "part they share instead (`load_state_dict`)"
     )
 
 
@@ -282,6 +334,14 @@ def _part(model: nn.Module, path: str) -> Any:
         if found is _MISSING:
             break
     return found
+
+
+def _part_if(model: nn.Module, path: str, name: str, value: Any) -> Any:
+    """What ``model`` would hold at ``path`` once ``value`` is put in it as ``name``."""
+    top, _, rest = path.partition(".")
+    if top != name:
+        return _part(model, path)
+    return _part(value, rest) if rest else value
 
 
 def _put(holder: nn.Module, field: str, value: Any) -> None:

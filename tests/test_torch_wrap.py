@@ -2929,6 +2929,61 @@ def test_parts_replaced_after_wrap_are_the_ones_that_run(store: Store) -> None:
         assert torch.allclose(wrapped(x.double()), model(x.double()))
 
 
+class Shared(nn.Module):
+    """Calls one frozen encoder and one layer each under two names, and reads a weight
+    its head shares with the layer under the head's name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        self.again = self.encoder
+        self.mid = nn.Linear(4, 4)
+        self.mid_again = self.mid
+        self.head = nn.Linear(4, 4)
+        self.head.weight = self.mid.weight
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        h = self.mid(self.encoder(x)) + self.mid_again(self.again(y))
+        return h @ self.head.weight.T
+
+
+@pytest.mark.parametrize(
+    ("name", "made"),
+    [
+        ("again", lambda: nn.Linear(4, 4)),
+        ("mid_again", lambda: nn.Linear(4, 4)),
+        ("head", lambda: nn.Linear(4, 4)),
+    ],
+)
+def test_a_part_held_under_two_names_given_two_parts_is_refused(
+    store: Store, name: str, made: Callable[[], nn.Module]
+) -> None:
+    """fx calls (or reads) a part the model holds under two names by one of them wherever
+    the forward uses it: one of the names given another part after `wrap` went on running
+    the part it held, where the model runs the new one. Refused — on the wrapped model
+    before it is assigned, at the next forward when assigned on the model — until the
+    names hold one part again; the same part under both runs as the model does."""
+    torch.manual_seed(0)
+    model = Shared()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    was = getattr(model, name)
+    with pytest.raises(smt.WrapError, match="held the same part when `wrap` traced"):
+        setattr(wrapped, name, made())
+    assert getattr(model, name) is was
+    setattr(model, name, made())
+    with pytest.raises(smt.WrapError, match="held the same part when `wrap` traced"):
+        wrapped(x, y)
+    setattr(model, name, was)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, y), model(x, y))
+    model.mid = model.mid_again = nn.Linear(4, 4)
+    model.head.weight = model.mid.weight
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, y), model(x, y))
+
+
 class Stacked(OnTempered):
     """Runs the layers its containers hold: a list, a sequence and a dict of them, and a
     block of its own that goes through its children."""
