@@ -7,7 +7,9 @@ list. The S3 home talks to a real S3-compatible server on loopback.
 
 from __future__ import annotations
 
+import copy
 import itertools
+import pickle
 import re
 import struct
 import threading
@@ -88,6 +90,29 @@ def test_put_get_roundtrip(home: Store) -> None:
     assert digest == "blake3:ea8f163db38682925e4491c5e58d4bb3506ef8c14eb78a86e908c5624a67200f"
     assert bytes(home.get(digest)) == b"hello"
     assert home.has_blob(digest)
+
+
+def test_a_store_copied_or_pickled_carries_nothing_it_read(home: Store) -> None:
+    """A store that read answers — a pack's blob mapped for a per-row cache, small blobs,
+    records and the indexes of its packs held in memory — is pickled (with a model that
+    holds it) and copied as the store alone: a mapped blob made both raise `TypeError`, and
+    what it held was carried whole, growing the pickle with every answer read. The copy
+    reads what it is asked afresh."""
+    keys = [f"blake3:{i:064x}" for i in range(1000)]
+    items = {key: key.encode() * 2 for key in keys}  # a pack of 142 KB: mapped as it is read
+    home.keep_many(list(items.items()), "plain")
+    home.keep(KEY, b"whole", "plain")
+    store = reopen(home)
+    unread = len(pickle.dumps(store))
+    mapped = store.recall_many(keys, borrow=True)
+    assert all(bytes(mapped[key][1]) == items[key] for key in keys)  # type: ignore[index]
+    assert bytes(store.recall(KEY)[1]) == b"whole"
+    pickled = pickle.dumps(store)
+    assert len(pickled) < unread + 1000  # what it found out of the packs' versions at most
+    for copied in (pickle.loads(pickled), copy.deepcopy(store)):
+        got = copied.recall_many(keys, borrow=True)
+        assert all(bytes(got[key][1]) == items[key] for key in keys)  # type: ignore[index]
+        assert bytes(copied.recall(KEY)[1]) == b"whole"
 
 
 def test_put_is_idempotent(home: Store) -> None:

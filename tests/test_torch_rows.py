@@ -1434,6 +1434,29 @@ def test_a_model_holding_a_cache_copies_and_saves(store: Store, tmp_path: Path) 
         cached.close()
 
 
+def test_a_model_whose_cache_recalled_rows_from_the_store_saves_and_copies(
+    store: Store, tmp_path: Path
+) -> None:
+    """A model holding a cache that recalled its rows from the store (a second run over a
+    store filled by the first, its pack's blob mapped as it was read) is saved whole and
+    copied as one that has read nothing: ``torch.save`` raised ``TypeError: cannot pickle
+    memoryview objects``. The copy answers as the model does, reading the store afresh."""
+    torch.manual_seed(0)
+    wide = nn.Linear(16, 1024)  # 20 rows of 4 KiB: a pack the store maps as it is read
+    x = torch.randn(20, 16)
+    first = cache_rows(wide, store)
+    out = first(x)
+    first.close()
+    model = nn.Sequential(cache_rows(wide, store), nn.ReLU())
+    assert torch.equal(model(x), out.relu()) and model[0].stats.from_store == 20
+    torch.save(model, tmp_path / "model.pt")
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    for copied in (loaded, copy.deepcopy(model)):
+        assert torch.equal(copied(x), out.relu()) and copied[0].stats.from_store == 20
+        copied[0].close()
+    model[0].close()
+
+
 def test_a_cache_handed_back_copies_with_its_model_leaving_the_module_as_the_model_has_it(
     tmp_path: Path,
 ) -> None:

@@ -341,9 +341,24 @@ class PackedHome(Store):
     """How many times this object has let go of all it holds (:meth:`_forget_all`); 0 for
     one unpickled from a state that did not count them."""
 
+    _read_so_far: tuple[str, ...] = (
+        "_records",
+        "_small",
+        "_small_bytes",
+        "_packs",
+        "_items",
+        "_used",
+        "_used_packs",
+        "_forgets",
+    )
+    """What this object holds in memory of what it read and used (:meth:`_hold_nothing`
+    makes it), which a copy does not carry."""
+
     def __getstate__(self) -> dict[str, Any]:
-        # A copy (a pickled model holding the store, a deepcopy) gets a lock of its own,
-        # and has no writes in flight.
+        # A copy (a pickled model holding the store, a deepcopy) gets a lock of its own, has
+        # no writes in flight, and holds nothing of what this one read: a blob mapped for a
+        # per-row cache pickles not at all, and the rest would grow the pickle with every
+        # answer read (the indexes of its packs, its small blobs). The copy reads afresh.
         state = dict(self.__dict__)
         for name in (
             "_lock",
@@ -353,13 +368,15 @@ class PackedHome(Store):
             "_claims",
             "_sweeping",
             "_released",
+            "_uses_since",
+            *self._read_so_far,
         ):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._in_flight_nothing()
+        self._hold_nothing()
 
     def _in_flight_nothing(self) -> None:
         """Starts with a lock of its own, and no writes or removals in flight."""

@@ -410,9 +410,14 @@ class BucketStore(BucketShelf):
                 raise StoreError(f"cannot use {url} as a store: {why}") from why
         self.cache: LocalStore | None = self._cache_at(cache) if cache is not None else None
         self._hold_nothing()
+        self._noted = BucketNotes()
+
+    _read_so_far = (*BucketShelf._read_so_far, "_packs_seen")
+
+    def _hold_nothing(self) -> None:
         self._packs_seen = False
         """Whether the pack indexes were loaded once (see :meth:`_look_at_packs`)."""
-        self._noted = BucketNotes()
+        super()._hold_nothing()
 
     def __repr__(self) -> str:
         return f"Store.on_bucket({self.url!r})"

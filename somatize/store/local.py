@@ -260,22 +260,34 @@ class LocalStore(LocalShelf):
         self._answers = f"{self.root / 'answers'}{os.sep}"
         self._packs_dir = str(self.root / "packs")
         self._tmp = f"{self.root / 'tmp'}{os.sep}"
-        self._verified: dict[str, Stamp] = {}
-        """Digest → (inode, mtime) of the file that was hashed and matched."""
         if self.durable:  # kept only where it is used: a store's few attributes stay shared
             self._synced: dict[str, tuple[int, int]] = {}
-        self._maps: dict[str, tuple[Stamp, memoryview]] = {}
-        """Digest → (inode, mtime) of a verified large blob, and its shared read-only map."""
-        self._packs_look = _PacksLook()
-        self._answers_listed = (-1, False)
-        """The time of ``answers/`` when it was last listed (-1: to be listed again), and
-        whether that listing held nothing."""
         self._hold_nothing()
         # Kept alive by weakref's own registry, not by an attribute: a store is asked a
         # dozen things on every recalled forward, and CPython (3.11 on) makes those calls
         # fast only on an object of fewer than 30 attributes, whose keys its class's
         # objects share (tests/test_engine.py counts them).
         weakref.finalize(self, _write_uses, str(self.root), self._used, self._used_packs)
+
+    _read_so_far = (
+        *LocalShelf._read_so_far,
+        "_verified",
+        "_maps",
+        "_packs_look",
+        "_answers_listed",
+        "_may_write",
+    )
+
+    def _hold_nothing(self) -> None:
+        self._verified: dict[str, Stamp] = {}
+        """Digest → (inode, mtime) of the file that was hashed and matched."""
+        self._maps: dict[str, tuple[Stamp, memoryview]] = {}
+        """Digest → (inode, mtime) of a verified large blob, and its shared read-only map."""
+        self._packs_look = _PacksLook()
+        self._answers_listed = (-1, False)
+        """The time of ``answers/`` when it was last listed (-1: to be listed again), and
+        whether that listing held nothing."""
+        super()._hold_nothing()
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
