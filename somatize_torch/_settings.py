@@ -154,9 +154,8 @@ class SettingsWatch:
     version counter; declaring again sees them (``freeze``, ``redeclare()``).
 
     What a module's own forward changes (a table a rotary embedding fills as it first
-    runs, a count of its calls) is not a change of what it was asked to compute: whoever
-    runs the module takes the watch again after each run — so a setting given from
-    another thread while the module runs may be taken for its own.
+    runs, a count of its calls) is seen as any change is
+    (:meth:`~somatize_torch.freeze.ModuleNode.changed_as_it_ran`).
 
     The modules of ``read``, which the module computes with beyond its own parts
     (:func:`~somatize_torch._state.modules_read`: ``NORM = nn.LayerNorm(3)`` read by its

@@ -56,6 +56,7 @@ from torch.utils._pytree import tree_leaves
 
 import somatize
 from somatize import Graph, Node, Unbuildable, Undeclared
+from somatize.canonical import NotCanonical
 from somatize.catalog import identity_of
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.node import attributes_of, restates, sees_state
@@ -529,6 +530,10 @@ class ModuleNode(Node):
     """Whether the forward that ended last wrote into the weights or buffers :attr:`_watch`
     watches (:meth:`changed_as_it_ran`)."""
     _settings: SettingsWatch | None = None
+    _declared_beside: dict[str, Any] | None = None
+    """What the declaration taken last named of what the module keeps beside its weights
+    (:meth:`_beside_weights`), which a forward that gave a value anew is compared with
+    (:meth:`changed_as_it_ran`)."""
     _keys_precision = True
     """Whether its declaration names the precision it runs in (where it is not torch's
     default): not where what calls it keys that itself (a wrapped model's cached part, a
@@ -702,18 +707,14 @@ class ModuleNode(Node):
                 "same way in another process and its answers cannot be keyed. Define the "
                 "module class at module level"
             )
+        beside = self._beside_weights()
+        self._declared_beside = beside
         declared = {
             "module": repr(self.module),
-            "settings": settings_of(self.module),
             "spread": self.spread,
             "call": self.declared,
+            **beside,
         }
-        hooks = hooks_of(self.module)
-        if hooks:  # only then, so a module without hooks keeps the key it had
-            declared["hooks"] = hooks
-        read = _modules_read(self.module)
-        if read:  # only then, so the usual key does not change
-            declared["read"] = {one.label: _declared_read(one.module) for one in read}
         if self._keys_precision:
             precision = _precision_of(self.module)
             if precision != self._precision_at:
@@ -726,6 +727,19 @@ class ModuleNode(Node):
             if precision is not None:  # only then, so the usual key does not change
                 declared["precision"] = dict(precision)
         return declared
+
+    def _beside_weights(self) -> dict[str, Any]:
+        """What the declaration names of what the module keeps beside its weights: its
+        settings, its forward hooks, and the modules it computes with beyond its own
+        parts."""
+        beside: dict[str, Any] = {"settings": settings_of(self.module)}
+        hooks = hooks_of(self.module)
+        if hooks:  # only then, so a module without hooks keeps the key it had
+            beside["hooks"] = hooks
+        read = _modules_read(self.module)
+        if read:  # only then, so the usual key does not change
+            beside["read"] = {one.label: _declared_read(one.module) for one in read}
+        return beside
 
     def __getstate__(self) -> Any:
         # The watch is not copied (the copy's module is watched afresh: `__setstate__`); it
@@ -750,9 +764,13 @@ class ModuleNode(Node):
         watch = self._settings
         if watch is not None and not watch.changed():
             return False
-        read = modules_read(self.module, classes_of(self.module))
-        self._settings = SettingsWatch(self.module, watch, read)
+        self._settings = self._watched(watch)
         return True
+
+    def _watched(self, watch: SettingsWatch | None) -> SettingsWatch:
+        """A watch of what the module keeps beside its weights, taken now (from ``watch``,
+        the one before)."""
+        return SettingsWatch(self.module, watch, modules_read(self.module, classes_of(self.module)))
 
     def changed_as_it_ran(self) -> bool:
         """Whether the forward that just ended may have changed what the module keeps
@@ -763,9 +781,24 @@ class ModuleNode(Node):
         is computed than when it is recalled. The watches are left as they were, so the
         next call sees the change, as one made from outside, and is keyed by what the
         module keeps then (:meth:`declaration_moved`, :meth:`restate`). Yes where no watch
-        of what it keeps beside its weights was taken yet."""
+        of what it keeps beside its weights was taken yet. A value the forward gave anew
+        as it was (``self.width = x.shape[-1]``, a new object at each call) is no change:
+        where the watch saw one, what the declaration names is looked at, and the watch
+        taken again where it names all as the declaration taken last did."""
         watch = self._settings
-        return watch is None or watch.changed() or self._state_moved
+        if watch is None or self._state_moved:
+            return True
+        if not watch.changed():
+            return False
+        # Taken before the look, so a value given from another thread since is seen by one.
+        again = self._watched(watch)
+        try:
+            if self._declared_beside is None or self._beside_weights() != self._declared_beside:
+                return True
+        except NotCanonical:  # refused as the declaration is taken again, naming it
+            return True
+        self._settings = again
+        return False
 
     def look_at_settings_again(self) -> None:
         """Has the next :meth:`declaration_moved` say yes: the one that said so last was

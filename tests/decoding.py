@@ -74,3 +74,29 @@ def steps_alike(
             with torch.no_grad():
                 alike.append(torch.equal(answer(tokens[token]), reference(tokens[token])))
     return alike
+
+
+class NotesWidth(nn.Module):
+    """Notes the width of what it is handed at every call, as it was made to: the same
+    value, a new ``int`` object each time (past those CPython keeps one of)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(300, 3)
+        self.width = 300
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.width = x.shape[-1]
+        out: torch.Tensor = self.lin(x)
+        return out
+
+
+class NotesWidthThenHead(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = NotesWidth()
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.encoder(x))
+        return out

@@ -30,7 +30,7 @@ import somatize.torch as smt
 from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store, engine, plan
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
-from tests.decoding import Decoder, steps_alike
+from tests.decoding import Decoder, NotesWidth, steps_alike
 from tests.global_modules import CHANGES, normed_cell, scaled
 
 
@@ -2721,6 +2721,27 @@ def test_a_module_node_keeping_what_each_step_computed_answers_each_generation_a
     assert all(steps_alike(decoded, layer.reset, reference))
     done = [fact["fact"] for fact in facts if fact.get("node") == "layer"]
     assert done == ["ran"] * 9  # none kept, none recalled
+
+
+def test_a_module_node_giving_a_value_anew_as_it_was_keeps_its_answer(store: Store) -> None:
+    """A frozen, cached node whose forward sets a value its module keeps to the very value
+    it held (a width noted at every call) changes nothing: its answer is kept and
+    recalled, not computed at every run."""
+    torch.manual_seed(0)
+    module = NotesWidth().eval()
+    g = Graph.somatize(smt.ModuleNode(module).named("notes").frozen().cached())
+    smt.freeze(g)
+    facts: list[dict[str, Any]] = []
+    x = torch.randn(5, 300)
+    for _ in range(3):
+        with torch.no_grad():
+            assert torch.equal(g.forward(Opaque(x), store=store, watching=facts.append), module(x))
+    assert [f["fact"] for f in facts if f.get("node") == "notes"] == [
+        "ran",
+        "kept",
+        "recalled",
+        "recalled",
+    ]
 
 
 class RunningSum(nn.Module):

@@ -46,6 +46,7 @@ from somatize_torch.rows import (
     prefill,
 )
 from somatize_torch.wrap import CachedInputNeedsGrad
+from tests.decoding import NotesWidth
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
 
@@ -467,6 +468,20 @@ def test_what_a_forward_changes_of_what_it_keeps_keys_the_next_batch_anew(store:
     cached(y)
     assert torch.equal(cached(x), first) and cached.stats.computed == 14
     assert cached.stats.recalled == 0 and cached.tiers[0].rows == 0
+    cached.close()
+
+
+def test_a_forward_giving_a_value_anew_as_it_was_keeps_its_rows(store: Store) -> None:
+    """A module whose forward sets a value it keeps to the very value it held (a width
+    noted at every batch, a new object each time) changes nothing: its rows are kept,
+    and the batch handed again is recalled."""
+    torch.manual_seed(0)
+    module = NotesWidth().eval()
+    cached = cache_rows(module, store)
+    x = torch.randn(5, 300)
+    answers = [cached(x) for _ in range(3)]
+    assert all(torch.equal(answer, expected(copy.deepcopy(module), x)) for answer in answers)
+    assert cached.stats.computed == 5 and cached.stats.recalled == 10
     cached.close()
 
 

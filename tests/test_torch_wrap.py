@@ -53,7 +53,7 @@ from somatize_torch import _cached, _split, _tracing
 from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
-from tests.decoding import Decoder, steps_alike
+from tests.decoding import Decoder, NotesWidthThenHead, steps_alike
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
 M = TypeVar("M", bound=nn.Module)
@@ -1028,6 +1028,21 @@ def test_a_cached_part_keeping_what_each_step_computed_answers_each_generation_a
     smt.freeze(wrapped)
     assert all(steps_alike(wrapped, model.layer.reset, reference))
     assert wrapped.counts["layer"] == {"ran": 9}
+
+
+def test_a_cached_part_giving_a_value_anew_as_it_was_is_recalled(store: Store) -> None:
+    """A cached part whose forward sets a value it keeps to the very value it held (a
+    width noted at every call) changes nothing: its answer is kept and recalled, not
+    computed at every call."""
+    torch.manual_seed(0)
+    model = NotesWidthThenHead().eval()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(5, 300)
+    with torch.no_grad():
+        answers = [wrapped(x) for _ in range(3)]
+        assert all(torch.equal(answer, model(x)) for answer in answers)
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 2}
 
 
 def test_a_setting_whose_declaration_anew_was_interrupted_is_seen_at_the_next_call(
