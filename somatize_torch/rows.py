@@ -81,7 +81,7 @@ from somatize import Graph, Store
 from somatize._threads import ProcessLock
 from somatize.catalog import fingerprint_of
 from somatize_torch._errors import CachedInputNeedsGrad, gradient_cut
-from somatize_torch._modes import marked_as_needed
+from somatize_torch._modes import marked_as_needed, outside_compiled
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
 from somatize_torch._row_ahead import _name_ahead
@@ -487,7 +487,10 @@ class CachedRows(nn.Module):
         derivatives a recalled row would not carry) has the batch refused, put the module
         back uncached instead, to answer it itself."""
         handler = self.when_input_needs_grad
-        return handler is not None and handler(self, cut)
+        # Told outside compiled code: a compiled forward refuses the batch as it is traced,
+        # and what the handler changes of the model (the module put back in its place) is
+        # no code to compile.
+        return handler is not None and bool(marked_as_needed(_told)(handler, self, cut))
 
     def _uncached(self, x: torch.Tensor | DeferredRows) -> torch.Tensor:
         """The module's own answer on ``x``, once :attr:`when_unfrozen`,
@@ -689,6 +692,15 @@ class CachedRows(nn.Module):
             else f"index of {self.version or 'each Deferred'}"
         )
         return f"rows keyed by {key}; {tiers}; store={self.store!r}"
+
+
+def _tell(handler: Callable[[CachedRows, str], bool], cached: CachedRows, cut: str) -> bool:
+    return handler(cached, cut)
+
+
+_told: Callable[..., Any] = outside_compiled(_tell)
+""":attr:`CachedRows.when_input_needs_grad` called with a cache and what a batch's
+recalled rows would cut, never compiled."""
 
 
 def _fixed(name: str, option: str, value: Any) -> None:

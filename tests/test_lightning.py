@@ -1707,6 +1707,51 @@ def test_compiled_inner_model(tmp_path: Path) -> None:
     assert "model._orig_mod.head.weight" in model.state_dict()
 
 
+class AdaptedInner(Inner):
+    """A frozen encoder between a trainable 1x1 convolution upstream of it and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder.requires_grad_(False)
+        self.adapter = nn.Conv2d(3, 3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.adapter(x)))
+
+
+class CompiledAdapted(CompiledProbe):
+    """A probe whose compiled inner model trains a part upstream of its encoder, and
+    which holds that model under another name first (``self.net``), uncompiled."""
+
+    def __init__(self, compiled: bool = True) -> None:
+        super().__init__("eager")
+        del self.model
+        self.net = AdaptedInner()
+        self.model = torch.compile(self.net, backend="eager") if compiled else self.net
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.net.parameters(), lr=0.1)
+
+
+def test_a_compiled_model_handing_its_encoder_a_batch_that_requires_grad_trains_it_uncached(
+    tmp_path: Path,
+) -> None:
+    """A compiled model whose encoder is handed a batch that requires grad has it put back
+    uncached, warned of, and trains as without the callback: the callback is told outside
+    compiled code, and torch.compile does not trace what it changes of the model (held
+    under two names, that failed inside torch.compile)."""
+    torch._dynamo.reset()
+    cached = CompiledAdapted()
+    with pytest.warns(Uncached, match=r"`model.encoder` is handed a batch that requires grad"):
+        trainer(tmp_path, 2, callbacks=[CacheFrozen(None, ["model.encoder"])]).fit(cached, loader())
+    plain = CompiledAdapted(compiled=False)
+    trainer(tmp_path, 2).fit(plain, loader())
+    assert not torch.equal(plain.net.adapter.weight, AdaptedInner().adapter.weight)
+    for name, weight in plain.net.named_parameters():
+        assert torch.equal(cached.net.get_parameter(name), weight), name
+    torch._dynamo.reset()
+
+
 DDP_SCRIPT = """
 import json, os, sys, warnings
 warnings.simplefilter("ignore")
