@@ -182,19 +182,26 @@ class _Run:
 
     def read(self, node: str, keys: Sequence[str], fingerprint: str | None) -> list[Any]:
         """The decoded answer under each of ``keys``, in their order; ``_DAMAGED`` for each
-        that could not be used. A key met again (two items alike) is decoded again, so that
-        each item recalled is an object of its own, as each computed is."""
+        that could not be used. A key met again (two items alike) is decoded again, from a
+        copy of its bytes, so that each item recalled is an object of its own, in memory of
+        its own (a tensor decodes in place, over the bytes it is read from), as each
+        computed is."""
         store = self.store
         assert store is not None
         if len(keys) == 1:
             return [self._read_one(node, keys[0], fingerprint)]
         found = store.recall_many(keys)
         damaged: set[str] = set()
+        decoded: set[str] = set()
         out: list[Any] = []
         for key in keys:
             value = _DAMAGED
             if key not in damaged:  # one found damaged is not read, nor said so, again
-                value = self._decode(node, key, found.get(key), fingerprint)
+                got = found.get(key)
+                if key in decoded and isinstance(got, tuple):
+                    got = (got[0], memoryview(bytearray(got[1])))
+                decoded.add(key)
+                value = self._decode(node, key, got, fingerprint)
             if value is _DAMAGED:
                 damaged.add(key)
             out.append(value)

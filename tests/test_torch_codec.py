@@ -473,6 +473,28 @@ class _PairedItems(Node):
         return [self._module.Pair(torch.ones(2) * x, torch.zeros(1)) for x in xs]
 
 
+class DoubledItems(Node):
+    """Each item doubled; declared mapped in the tests."""
+
+    def forward(self, xs: list[torch.Tensor], ctx: Any) -> list[torch.Tensor]:
+        return [x * 2 for x in xs]
+
+
+def test_tensor_items_alike_recalled_are_each_in_memory_of_their_own(store: Store) -> None:
+    """A mapped node handed one tensor item twice answers each place with a tensor in
+    memory of its own when it recalls them (all of them, or some beside items it runs), as
+    when it computes them: a tensor decodes in place, over the bytes read, and both places
+    were read from the same bytes, so writing into one changed the other."""
+    g = Graph.somatize(DoubledItems().named("doubled").frozen().mapped().cached())
+    item, other = torch.ones(64 * 1024), torch.full((64 * 1024,), 3.0)
+    g.forward([Opaque(item), Opaque(item.clone())], store=store)
+    for handed in ([item, item.clone()], [item, other, item.clone()]):
+        again = g.forward([Opaque(x) for x in handed], store=store)
+        again[0].add_(1)
+        assert torch.equal(again[-1], item * 2)
+        assert torch.equal(again[0], item * 2 + 1)
+
+
 def test_an_unreadable_answer_kept_by_other_code_is_computed_not_said_drifted(
     store: Store,
 ) -> None:
