@@ -271,6 +271,34 @@ class Counting(nn.Module):
         return self.linear(x) + self.calls
 
 
+class Gained(nn.Module):
+    """Sets its gain from the first batch it is handed, and scales every answer by it."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, 1)
+        self.gain: float | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gain is None:
+            self.gain = float(x.abs().max())
+        return self.linear(x) * self.gain
+
+
+class Widthed(nn.Module):
+    """Notes the width of what it is handed at every call: the value it held, a new
+    ``int`` object each time (past those CPython keeps one of)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(width, 1)
+        self.width = width
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.width = x.shape[-1]
+        return self.linear(x)
+
+
 def _applied(parts: list[nn.Module], x: torch.Tensor) -> torch.Tensor:
     for part in parts:
         x = part(x)

@@ -57,6 +57,7 @@ from tests.broker_nodes import (
     Doubled2,
     Drifts,
     Encoder,
+    Gained,
     Grows,
     Holds,
     KeptInAList,
@@ -88,6 +89,7 @@ from tests.broker_nodes import (
     WeightNormed,
     Weights,
     Where,
+    Widthed,
     Window,
     napping,
     spinning,
@@ -631,7 +633,8 @@ def test_a_module_that_changes_its_state_as_it_runs_is_loaded_again(store: Store
     worker answers each job from the state the graph is frozen at, as the module does in
     this process at that state: the copy that changed is let go of and the state is loaded
     again for the next job. The worker went on with the changed copy, and kept what it
-    answered under the key of the state it was sent."""
+    answered under the key of the state it was sent. Nor is such an answer kept, as it is
+    not in this process: recalled, it would leave the count where it was."""
     torch.manual_seed(0)
     enc = ModuleNode.build(Counting, 3)
     g = Graph.somatize(
@@ -655,8 +658,76 @@ def test_a_module_that_changes_its_state_as_it_runs_is_loaded_again(store: Store
             g.forward(x, broker=broker, store=keeping, watching=seen.append), expected
         )
         sent.append(_state_crossings(seen))
-    assert sent[:2] == [[len(enc.state_bytes())]] * 2 and sent[2] == []  # the third recalled
+        assert not [f for f in seen if f["fact"] in ("kept", "recalled")]
+    assert sent == [[len(enc.state_bytes())]] * 3
     assert torch_equal(fresh.forward(x, store=store), expected)
+
+
+def _ramped(kind: type[nn.Module], width: int, placed: bool = True) -> tuple[Graph, ModuleNode]:
+    """Rows ``width`` wide, then a frozen cached ``kind`` of that width, on `w1` where
+    ``placed``, frozen at the same weights each time; and its node."""
+    torch.manual_seed(0)
+    enc = ModuleNode.build(kind, width)
+    node = enc.named("enc").frozen().cached()
+    g = Graph.somatize(Ramp(width).named("rows").frozen() >> (node.at("w1") if placed else node))
+    freeze(g)
+    return g, enc
+
+
+def test_a_module_that_sets_what_it_keeps_as_it_runs_keeps_nothing_on_a_network_worker(
+    store: Store,
+) -> None:
+    """A frozen, cached module whose forward sets a value it keeps (a gain taken from the
+    first batch it sees) keeps nothing on a network worker, as in this process: each job
+    answers as the module at the frozen state, its copy built again, and a graph handed
+    the batches in the other order with a fresh worker computes them. The worker kept the
+    answers of the copy that had set its gain, under the key of the module that had not,
+    and the second graph recalled them: other answers than its module gives."""
+    x, y = {"at": 0, "take": 2}, {"at": 4, "take": 3}
+    _, fresh = _ramped(Gained, 3, placed=False)
+
+    def expected(span: dict[str, int]) -> torch.Tensor:
+        rows = Ramp(3).forward(span, None)
+        with torch.no_grad():
+            out: torch.Tensor = copy.deepcopy(fresh.module)(rows)
+        return out
+
+    for order in ([x, y], [y, x]):
+        g, _ = _ramped(Gained, 3)
+        broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+        for span in order:
+            seen: list[dict[str, Any]] = []
+            out = g.forward(span, broker=broker, store=store, watching=seen.append)
+            assert torch.equal(out, expected(span))
+            assert [
+                f["fact"] for f in seen if f.get("node") == "enc" and f["fact"] != "crossed"
+            ] == ["ran"]
+        broker.close()
+    seen = []
+    assert torch.equal(
+        _ramped(Gained, 3, placed=False)[0].forward(y, store=store, watching=seen.append),
+        expected(y),
+    )
+    assert [f["fact"] for f in seen if f.get("node") == "enc"] == ["ran"]  # here too
+
+
+def test_a_module_that_gives_a_value_anew_as_it_was_keeps_its_answers_on_a_network_worker(
+    store: Store,
+) -> None:
+    """A frozen, cached module whose forward sets a value it keeps to the very value it
+    held (a width noted at every call, a new object each time) changes nothing on a
+    network worker: its answer is kept there, and its copy, with its weights, kept for the
+    next job."""
+    g, enc = _ramped(Widthed, 300)
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    seen: list[dict[str, Any]] = []
+    for at in (0, 1, 0):
+        g.forward({"at": at, "take": 2}, broker=broker, store=store, watching=seen.append)
+    enc_facts = [f for f in seen if f.get("node") == "enc" and f["fact"] != "crossed"]
+    assert [f["fact"] for f in enc_facts] == ["ran", "kept", "ran", "kept", "recalled"]
+    assert [f.get("by") for f in enc_facts if f["fact"] == "kept"] == ["w1", "w1"]
+    assert _state_crossings(seen) == [len(enc.state_bytes())]
+    broker.close()
 
 
 @pytest.mark.parametrize("kind", [Projected, KeptInAList, Normed])

@@ -37,6 +37,7 @@ from tests.broker_nodes import (
     Encoder,
     Exits,
     ExitsWhenBuilt,
+    Gained,
     Length,
     MakesBlob,
     Meet,
@@ -320,6 +321,32 @@ def test_a_copy_that_changes_itself_on_a_ray_worker_is_built_again(
     assert g.forward(10.0, broker=broker) == 11.0
     assert g.forward(10.0, broker=broker, store=store) == 11.0
     assert graph(placed=False).forward(10.0, store=store) == 11.0 == graph(False).forward(10.0)
+
+
+def test_a_module_that_sets_what_it_keeps_on_a_ray_worker_keeps_nothing(
+    broker: Any, store: Store
+) -> None:
+    """A frozen, cached module whose forward sets a value it keeps (a gain taken from the
+    first batch it sees) keeps nothing on an actor, as in this process, and each job
+    answers as the module at the frozen state: the actor kept the answer of the copy that
+    had set its gain under the key of the module that had not, and recalled it after."""
+
+    def graph() -> Graph:
+        torch.manual_seed(0)
+        enc = ModuleNode.build(Gained, 3).named("enc").frozen().cached().at("w1")
+        g = Graph.somatize(Ramp(3).named("rows").frozen() >> enc)
+        freeze(g)
+        return g
+
+    g = graph()
+    x, y = {"at": 0, "take": 2}, {"at": 4, "take": 3}
+    for span in (x, y, y):
+        seen: list[dict[str, Any]] = []
+        out = g.forward(span, store=store, broker=broker, watching=seen.append)
+        assert torch.equal(out, copy.deepcopy(graph()).forward(span))  # a fresh module's
+        assert [f["fact"] for f in seen if f.get("node") == "enc" and f["fact"] != "crossed"] == [
+            "ran"
+        ]
 
 
 def test_a_frozen_module_on_a_ray_worker(broker: Any, store: Store) -> None:

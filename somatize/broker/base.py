@@ -222,8 +222,9 @@ class Done:
     kept: int | None = None
     """Bytes the worker kept in the store for this answer, or None if it kept nothing."""
     moved: bool = False
-    """Whether the node's code was changed as it ran there: its answer is not kept, by the
-    worker or the client (:attr:`somatize.broker.host.Reply.moved`)."""
+    """Whether the node's code was changed as it ran there, or the node changed what it
+    declares as it ran: its answer is not kept, by the worker or the client
+    (:attr:`somatize.broker.host.Reply.moved`)."""
 
 
 class Broker(abc.ABC):
@@ -509,8 +510,8 @@ class Broker(abc.ABC):
         emit: Callable[[Fact], Any],
     ) -> Done:
         """:meth:`call`, returning all it is told of the run (:class:`Done`): a caller that
-        keeps the answer itself needs to know besides the value whether the node's code
-        was changed as it ran (``moved``)."""
+        keeps the answer itself needs to know besides the value whether the node's code,
+        or what it declares, changed as it ran (``moved``)."""
         future: Future[Done] | None = None
         try:
             future = self.submit(graph, node, inputs, ctx)

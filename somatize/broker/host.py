@@ -55,11 +55,16 @@ while its code changed.
 
 **Copies that change.** A copy starts each job as the job's blueprint and state
 describe it. One that changed itself as it ran — a public value it holds
-(:func:`~somatize.node.held_by`, looked at before and after the job) or its state (its
+(:func:`~somatize.node.held_by`, looked at before and after the job), what it declares
+(a torch module's settings, watched from before the job:
+:meth:`~somatize.node.Node.changed_as_it_ran`) or its state (its
 :meth:`~somatize.node.Node.restate`) — answered from what the job's key names, as in
 the client's process, where a key names a node as it is when its run starts; but it is
 not that node any more, so it is let go of, and the next job builds (and loads) it
-again.
+again. One that changed what it declares or its state (a gain it sets from the first
+batch it sees, a buffer it adds into) keeps nothing either, as the client keeps nothing
+of such a node run in its own process, since a recall would not make the change: its
+answer comes back marked (:attr:`Reply.moved`) and kept by nobody.
 
 The state is asked for rather than shipped through the shared store by digest
 because a forward may have no store, or one only the client can open (a bucket
@@ -167,9 +172,12 @@ class Reply:
     kept: int | None
     """Bytes the worker kept in the store for this answer, or None if it kept nothing."""
     moved: bool = False
-    """Whether the node's code was changed as it ran (a method set on its class meanwhile):
-    the answer may be the new code's, so neither the worker nor the client keeps it under
-    a key and fingerprint that name the code the job was checked against."""
+    """Whether the node's code was changed as it ran (a method set on its class meanwhile),
+    or the node changed what it declares as it ran (a torch module that sets a value it
+    keeps from the first batch it sees, or adds into a buffer:
+    :meth:`~somatize.node.Node.changed_as_it_ran`): the answer may be the new code's, or
+    one a recall would not make the change of, so neither the worker nor the client keeps
+    it under its key."""
 
 
 @dataclass(frozen=True)
@@ -578,27 +586,35 @@ class Host:
 
     def _look_again(
         self, node: Node, before: tuple[tuple[str, str], ...], state: str | None
-    ) -> None:
+    ) -> bool:
         """Lets go of ``node``, which just ran a job, when it changed itself as it ran: a
         public value it holds (``self.step += 1``: :func:`~somatize.node.held_by`, as it was
-        ``before`` the job) or, for a node that holds ``state``, its state (a buffer its
-        forward updates, seen by :meth:`~somatize.node.Node.restate`). The answer of that
-        job was computed from the node as the job's key names it — as in the client's
-        process, where a key names the node as it is when a run starts — but the next job
-        names the same blueprint and state, and the copy is not that node any more: it is
-        built (and loaded) again for the next job, which the client cannot tell it to."""
+        ``before`` the job), what it declares (a setting a torch module gives itself from
+        the first batch it sees: :meth:`~somatize.node.Node.changed_as_it_ran`) or, for a
+        node that holds ``state``, its state (a buffer its forward updates, seen by
+        :meth:`~somatize.node.Node.restate`). The answer of that job was computed from the
+        node as the job's key names it — as in the client's process, where a key names the
+        node as it is when a run starts — but the next job names the same blueprint and
+        state, and the copy is not that node any more: it is built (and loaded) again for
+        the next job, which the client cannot tell it to. Answers whether the node changed
+        what it declares as it ran, as the client asks of a node run in its own process:
+        that answer is then kept by nobody, since a recall would not make the change."""
         # A value that changed, or one that appeared (`self.seen = 1`, which the next job's
         # node never held), or one that lost its canonical form as the node ran (an argument
         # it keeps replaced by a Fraction), unless it was None (a client or a model it loads
         # on first use, in place of None, which the next job's node would load again).
         was, holds = dict(before), dict(held_by(node))
-        changed = any(was.get(name) != digest for name, digest in holds.items()) or any(
-            name not in holds and digest != _NONE for name, digest in before
+        declared = node.changed_as_it_ran()
+        changed = (
+            declared
+            or any(was.get(name) != digest for name, digest in holds.items())
+            or any(name not in holds and digest != _NONE for name, digest in before)
         )
         if not changed and state is not None:
             changed = _moved_from(node, state)
         if changed:
             self._drop(node)
+        return declared
 
     def _drop(self, node: Node) -> None:
         """Lets go of ``node``: the next job builds (and loads) it again."""
@@ -698,6 +714,9 @@ class Host:
         store = self.open(job.store) if job.store is not None else None
         ctx = Context(name=job.name, key=job.key, keys=job.keys, worker=self.worker, store=store)
         before = held_by(node)
+        # Watched from here (a torch module's settings, first watched now), so that what its
+        # forward changes of what it keeps is seen after it (:meth:`_look_again`).
+        node.declaration_moved()
         start = time.perf_counter_ns()
         try:
             with self.stoppable(), _grad_mode(job.grad):  # the caller's, as with no broker
@@ -711,7 +730,7 @@ class Host:
                 self._drop(node)
             raise
         finally:
-            self._look_again(node, before, job.state)
+            changed = self._look_again(node, before, job.state)
         took = (time.perf_counter_ns() - start) // 1000
         if job.readers:
             where = f"the answer of `{job.name}`, crossing back from worker `{self.worker}` to " + (
@@ -721,8 +740,9 @@ class Host:
             where = f"the answer of `{job.name}`, crossing back from worker `{self.worker}`"
         codec, data = pack(value, where)
         # Checked before the forward, and again after it: code changed while it ran (a
-        # method set on its class by another thread) may have computed the answer.
-        moved = not _written_as(node, job.fingerprint)
+        # method set on its class by another thread) may have computed the answer. Nor is
+        # an answer kept whose forward changed what the node keeps: a recall would not.
+        moved = changed or not _written_as(node, job.fingerprint)
         kept = None
         if job.keep and job.key is not None and store is not None and not self.let_go and not moved:
             try:

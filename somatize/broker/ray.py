@@ -875,4 +875,5 @@ class _Carried:
     kept: int | None
     carried: int
     moved: bool = False
-    """Whether the node's code was changed as it ran there (:attr:`Reply.moved`)."""
+    """Whether the node's code, or what it declares, changed as it ran there
+    (:attr:`Reply.moved`)."""
