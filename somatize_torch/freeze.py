@@ -759,9 +759,11 @@ class ModuleNode(Node):
         or by the module's own forward as it ran (:meth:`changed_as_it_ran`). So is, where the
         node names the precision it runs in, when that is another now (autocast entered,
         ``torch.set_default_dtype``, TF32 turned on)."""
-        if self._keys_precision and _precision_of(self.module) != self._precision_at:
-            return True
         watch = self._settings
+        if self._keys_precision and _precision_of(self.module) != self._precision_at:
+            # Watched from here too: a forward with no watch taken keeps nothing.
+            self._settings = self._watched(watch)
+            return True
         if watch is not None and not watch.changed():
             return False
         self._settings = self._watched(watch)

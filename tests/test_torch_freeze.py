@@ -375,6 +375,22 @@ def test_a_cached_module_node_on_a_local_worker_runs_in_the_precision_it_is_keye
         broker.close()
 
 
+def test_a_cached_module_node_first_called_under_autocast_keeps_its_answer(store: Store) -> None:
+    """A frozen, cached module node first called under bf16 autocast keeps its answer, and
+    the second call recalls it, as out of autocast: the precision it is keyed by, taken
+    anew, left what the module keeps unwatched, and the first answer was taken for one
+    whose forward changed it, computed again at the second call."""
+    encoder = _encoder()
+    g = Graph.somatize(smt.ModuleNode(encoder).named("encoder").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(5, 6))
+    facts: list[dict[str, Any]] = []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        first = g.forward(x, store=store, watching=facts.append)
+        assert torch.equal(g.forward(x, store=store, watching=facts.append), first)
+    assert [f["fact"] for f in facts if f.get("node") == "encoder"] == ["ran", "kept", "recalled"]
+
+
 @pytest.mark.parametrize("under_autocast", [False, True])
 def test_a_cached_module_node_two_graphs_are_built_with_is_keyed_by_the_precision_each_runs_in(
     store: Store, under_autocast: bool
