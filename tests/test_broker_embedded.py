@@ -711,6 +711,30 @@ def test_a_module_that_sets_what_it_keeps_as_it_runs_keeps_nothing_on_a_network_
     assert [f["fact"] for f in seen if f.get("node") == "enc"] == ["ran"]  # here too
 
 
+def test_a_module_that_sets_what_it_keeps_as_it_runs_on_a_local_worker_keeps_it_as_here(
+    store: Store,
+) -> None:
+    """A frozen, cached module whose forward sets a value it keeps (a gain taken from the
+    first batch it sees) on a local worker keeps nothing of the call that set it, as with
+    no broker: the next call is keyed by the gain, and every graph answers as its module
+    does, whatever order it is handed the batches in. The call that set the gain was kept
+    under the key of the module without one, and a graph recalling it never set its gain:
+    it then recalled, for the next batch, an answer computed with another batch's gain."""
+    x, y = {"at": 0, "take": 2}, {"at": 4, "take": 3}
+    for order in ([x, y], [y, x], [x, y]):
+        g, enc = _ramped(Gained, 3)
+        module = copy.deepcopy(enc.module)  # as the graph's, run with no cache
+        broker = Broker.embedded({"w1": Worker.generic(mode="local")})
+        for i, span in enumerate(order):
+            seen: list[dict[str, Any]] = []
+            out = g.forward(span, broker=broker, store=store, watching=seen.append)
+            with torch.no_grad():
+                assert torch.equal(out, module(Ramp(3).forward(span, None)))
+            if i == 0:
+                assert [f["fact"] for f in seen if f.get("node") == "enc"] == ["ran"]
+        broker.close()
+
+
 def test_a_module_that_gives_a_value_anew_as_it_was_keeps_its_answers_on_a_network_worker(
     store: Store,
 ) -> None:

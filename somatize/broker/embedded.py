@@ -138,7 +138,9 @@ class EmbeddedBroker(Broker):
                 own = own_state(graph._code_watch, here.implementing_classes())
                 with running_here(here), own, modes(), self.stoppable():  # its own changes
                     value = here.forward(*inputs, ctx)
-                return Done(value, (time.perf_counter_ns() - start) // 1000)
+                # Not kept where it changed what it declares as it ran, as with no broker.
+                moved = here.changed_as_it_ran()
+                return Done(value, (time.perf_counter_ns() - start) // 1000, moved=moved)
 
             return run_here
         blueprint = self._blueprint(graph, node)
