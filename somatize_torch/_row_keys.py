@@ -164,6 +164,7 @@ class _Keying:
     that go to the store need their full key, ``key(row)``."""
 
     __slots__ = (
+        "answers",
         "before_index",
         "before_key",
         "before_raw",
@@ -171,6 +172,7 @@ class _Keying:
         "head",
         "header",
         "keys",
+        "mixes",
         "prefix",
         "records_none",
         "room",
@@ -210,6 +212,11 @@ class _Keying:
         # Whether the module was seen to record no gradient of a batch that requires grad
         # under torch.no_grad (see `somatize_torch._rowwise._check_records_none`).
         self.records_none = False
+        # The shape and dtype of the rows the module answers, from the first rows computed
+        # or recalled; and why it is refused, once it answered rows of another
+        # (`somatize_torch._rowwise._same_answers`).
+        self.answers: tuple[torch.Size, torch.dtype] | None = None
+        self.mixes: str | None = None
 
     def key(self, row: Any) -> str:
         """The store key of the row named ``row`` (the raw digest of its content, or its

@@ -49,6 +49,7 @@ from somatize_torch._rowwise import (
     _check_records_none,
     _compute,
     _in_eval,
+    _same_answers,
     _still_keyed,
 )
 from somatize_torch.codec import TENSOR
@@ -96,6 +97,8 @@ def _recall_or_run(
     # A part put in since is held in eval with the rest; `watch` watches the weights the
     # rows are keyed under.
     keying, watch = _keying(self, x)
+    if keying.mixes is not None:
+        raise NotRowwise(keying.mixes)  # seen answering rows of two shapes: refused
     _check_still(self)
     # A batch that requires grad is taken here only where none is recorded; one the module
     # records a gradient of anyway is refused, or put back uncached and answered by it.
@@ -152,6 +155,7 @@ def _recall_or_run(
         if found is None:
             return positions
         at, rows = found
+        _same_answers(self, rows, keying, None)
         counts[where] += len(at)
         with self._tiers_lock:
             orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))

@@ -68,7 +68,45 @@ def _compute(
         # is what is compared, kept and returned — once per keying.
         out = out.clone()
         _check_rowwise(self, ends, out, keying, watch, alike)
+    if len(positions):
+        _same_answers(self, out, keying, watch)
     return out
+
+
+def _same_answers(
+    self: CachedRows, rows: torch.Tensor, keying: _Keying, watch: StateWatch | None
+) -> None:
+    """Refuses a module that answers rows of another shape or dtype than those it answered
+    before under ``keying`` (inputs of one shape and dtype, one state, one precision):
+    rows computed now (``watch`` given), or recalled from the store. A module answering
+    each row alone answers every row of such inputs alike, whatever its batch holds; one
+    whose answer is as long as its batch's longest sequence (run only that far) passes
+    the check of its first batch where both rows run again alone are the longest, and
+    the rows kept from that batch would be recalled, too long, in batches of shorter
+    ones. The keying is refused from then on (:attr:`_Keying.mixes`), recalled rows and
+    all; a new state or declaration keys the rows anew."""
+    answers = (rows.shape[1:], rows.dtype)
+    if keying.answers is None:
+        keying.answers = answers
+        return
+    if answers == keying.answers or keying.mixes is not None:
+        return
+    if watch is not None and not _still_keyed(self, watch):
+        return  # run with other weights than the rows keyed: kept nowhere
+    (shape, dtype), kept = answers, keying.answers
+    keying.mixes = (
+        f"`{type(self.module).__name__}` answered rows of {list(kept[0])} {kept[1]} for "
+        f"inputs of one shape and dtype, and of {list(shape)} {dtype} for other inputs of "
+        "that shape and dtype in another batch, under the same weights and settings: its "
+        "answer for a row depends on the other rows of its batch (it runs as far as the "
+        "batch's longest sequence, say), so a row kept from one batch would be recalled "
+        "in another, wrongly. Nothing of that batch was kept, and no batch of such inputs "
+        "is answered by this cache any more, its rows recalled or not (a module converted "
+        "in place, `encoder.half()`, answers so too: `cached.redeclare()` sees that). "
+        "Cache it per batch (`somatize.torch.wrap(module, frozen=True, cached=True)`), or "
+        "have it answer rows of one shape whatever its batch holds (pad to a fixed length)"
+    )
+    raise NotRowwise(keying.mixes)
 
 
 def _copies_of_one(rows: torch.Tensor) -> bool:

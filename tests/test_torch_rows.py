@@ -2846,6 +2846,58 @@ def test_rows_kept_before_mixing_could_be_seen_are_checked_in_a_batch_of_others(
     alone.close()
 
 
+class ToLongest(nn.Module):
+    """Runs its batch of padded token ids only up to the batch's longest sequence (pad id
+    0 at the end), as a text encoder trimming its padding does: a row's answer is as long
+    as the longest row of the batch it ran in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(16, 4, padding_idx=0)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        longest = int((ids != 0).sum(1).max())
+        return self.embed(ids[:, :longest]).cumsum(1)
+
+
+def padded(lengths: list[int]) -> torch.Tensor:
+    """Token ids padded with 0 to 6, one sequence of each of ``lengths``."""
+    ids = torch.zeros(len(lengths), 6, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = torch.arange(1, length + 1) + row
+    return ids
+
+
+@pytest.mark.parametrize("key", ["content", "index"])
+def test_a_module_whose_rows_come_back_as_long_as_their_batchs_longest_is_refused(
+    store: Store, key: KeyMode
+) -> None:
+    """A module whose answer for a row is as long as the longest row of its batch passes
+    the check of its first batch where both of the rows run again alone are the longest;
+    the next batch of rows as long as one another but shorter answers rows of another
+    shape for inputs of the same shape, which shows the rows kept from the first batch are
+    not what each answers alone. That batch is refused (NotRowwise) and nothing of it is
+    kept, and so is every batch after that would recall rows of the first, where those
+    were recalled whole, the shorter rows as long as the first batch's longest."""
+    version = "ids@1" if key == "index" else None
+    module = ToLongest()
+    cached = cache_rows(module, store, key=key, version=version)
+    first = padded([6, 2, 6])
+    index = {"index": torch.arange(3)} if key == "index" else {}
+    assert torch.equal(cached(first, **index), expected(module, first))
+    shorter = padded([3, 4])
+    index = {"index": torch.arange(3, 5)} if key == "index" else {}
+    with pytest.raises(NotRowwise, match=r"rows of \[6, 4\].*and of \[4, 4\]"):
+        cached(shorter, **index)
+    assert cached.tiers[0].rows == 3  # the first batch's
+    again = first[1:2]
+    index = {"index": torch.arange(1, 2)} if key == "index" else {}
+    with pytest.raises(NotRowwise, match=r"rows of \[6, 4\].*and of \[4, 4\]"):
+        cached(again, **index)
+    cached.close()
+
+
 def test_a_module_that_cannot_answer_one_row_alone_is_refused(store: Store) -> None:
     """A module that uses its batch's statistics even in eval (a BatchNorm that tracks
     none) raises when the check runs one row alone: that is refused as not answering each
