@@ -41,7 +41,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from somatize._threads import ProcessLock
-from somatize.catalog import fingerprint_of, identity_of, marks_moved, watch_code
+from somatize.catalog import (
+    defined_again,
+    fingerprint_of,
+    identity_of,
+    marks_moved,
+    watch_code,
+)
 from somatize.engine import run
 from somatize.errors import SomatizeError
 from somatize.memory import Memory
@@ -471,6 +477,11 @@ class Graph:
     def kind_of(self, name: str) -> str:
         """What ``name`` is, for people: its class (see :meth:`Node.kind_name`)."""
         return self.node(name).kind_name()
+
+    def defined_again(self, name: str) -> bool:
+        """Whether the class of ``name`` was defined again after it was made (a notebook's
+        cell run again), so that its name leads to another class now."""
+        return defined_again(type(self.node(name)))
 
     def undeclared(self, name: str) -> Undeclared | None:
         """Why ``name`` has no declaration, if it has none."""

@@ -67,6 +67,8 @@ class Shape(Protocol):
 
     def kind_of(self, node: NodeId) -> str: ...
 
+    def defined_again(self, node: NodeId) -> bool: ...
+
 
 class Memory:
     """What is remembered about each node. A node not listed has nothing said about
@@ -251,13 +253,21 @@ class Unsettled(_Rebuilt, MemoryError_):
 class Nameless(_Rebuilt, MemoryError_):
     """Something a cached node depends on has no identity, so no key."""
 
-    def __init__(self, cached: NodeId, nameless: NodeId, kind: str = "") -> None:
-        self.cached, self.nameless = cached, nameless
+    def __init__(
+        self, cached: NodeId, nameless: NodeId, kind: str = "", again: bool = False
+    ) -> None:
+        self.cached, self.nameless, self.again = cached, nameless, again
         what = f" (a `{kind}`)" if kind else ""
         fix = (
             "Define it at module level rather than inside a function, or give it a stable "
             "name with `.identified('package.module:Name')`"
         )
+        if again:
+            fix = (
+                f"Its class was defined again after `{nameless}` was made (its notebook cell "
+                "run again, or its module reloaded), and the class's name leads to the one "
+                f"made then: make `{nameless}` again from its class as it is now"
+            )
         if cached == nameless:
             message = (
                 f"`{cached}`{what} keeps its output and nobody said what implements it, so "
@@ -348,7 +358,7 @@ def cacheable(graph: Shape, memory: Memory) -> None:
             if not memory.is_frozen(above):
                 raise Unsettled(node, above)
             if memory.identity_of(above) is None:
-                raise Nameless(node, above, graph.kind_of(above))
+                raise Nameless(node, above, graph.kind_of(above), graph.defined_again(above))
 
 
 def settled(graph: Shape, memory: Memory, among: Iterable[NodeId] | None = None) -> None:

@@ -16,7 +16,17 @@ from typing import Any
 
 import pytest
 
-from somatize import Broker, Drifted, Graph, Node, NodeFailed, NotSettled, Store, Worker
+from somatize import (
+    Broker,
+    Drifted,
+    Graph,
+    Nameless,
+    Node,
+    NodeFailed,
+    NotSettled,
+    Store,
+    Worker,
+)
 from tests.nodes import Rows
 
 SPAM = ["win", "free", "cash", "prize"]
@@ -164,6 +174,30 @@ def test_an_edited_node_above_makes_a_recalled_answer_drifted(
         warnings.simplefilter("error")
         assert edited.forward(span, store=store) == 24.0
     assert edited.record.outcome["widest"] == "recalled"
+
+
+def test_a_node_made_before_its_cell_ran_again_is_refused_for_what_it_is(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node made, then its class's cell run again (unchanged), is of a class its name no
+    longer leads to: caching it is refused saying so, and what to do — not that its class
+    is defined inside a function, which it is not. Made again, it is keyed and kept."""
+    made = _cell("", monkeypatch)()
+    again = _cell("", monkeypatch)
+
+    def graph(clean: Node) -> Graph:
+        g = Graph.somatize(
+            Messages(2000).named("sms").frozen() >> clean.named("clean").frozen().cached()
+        )
+        g.memory.freeze("sms", store.put(b"the dataset's bytes"))
+        return g
+
+    span = {"at": 0, "take": 8}
+    with pytest.raises(Nameless, match=r"class was defined again after `clean` was made") as why:
+        graph(made).forward(span, store=store)
+    assert "inside a function" not in str(why.value)
+    assert why.value.again
+    assert graph(again()).forward(span, store=store) == graph(again()).forward(span, store=store)
 
 
 class NoContext(Node):

@@ -27,7 +27,7 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 import somatize.torch as smt
-from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store, engine, plan
+from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store, Unbuildable, engine, plan
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
 from tests.decoding import Decoder, NotesWidth, steps_alike
@@ -2536,6 +2536,34 @@ def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> No
     smt.freeze(g)
     with pytest.raises(TypeError, match="defined inside a function"):
         g.forward(Opaque(torch.ones(2)), store=store)
+
+
+def test_a_module_made_before_its_class_was_defined_again_is_refused_for_what_it_is(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module made, then its class's cell run again (or its module reloaded), unchanged,
+    is of a class its name no longer leads to: caching it — in a graph, by rows, or sent to
+    a network worker — is refused saying so and what to do, not that its class is defined
+    inside a function, which it is not."""
+    text = _EDITED.replace("BODY", "self.linear(x)")
+    made = _loaded("tests.edited_module", text, monkeypatch).Edited()
+    again = _loaded("tests.edited_module", text, monkeypatch).Edited
+    said = r"`Edited` was defined again after this object was made .* Make the `Edited` again"
+    g = Graph.somatize(smt.ModuleNode(made).named("encoder").frozen().cached())
+    smt.freeze(g)
+    with pytest.raises(TypeError, match=said):
+        g.forward(Opaque(torch.ones(2, 3)), store=store)
+    with pytest.raises(TypeError, match=said):
+        smt.cache_rows(made, store=store)(torch.ones(2, 3))
+    built = smt.ModuleNode.build(again)
+    now = _loaded("tests.edited_module", text, monkeypatch)
+    with pytest.raises(Unbuildable, match=said):
+        built.recipe()
+    fresh = now.Edited()
+    fresh.load_state_dict(made.state_dict())
+    cached = smt.cache_rows(fresh, store=store)
+    with torch.no_grad():
+        assert torch.equal(cached(torch.ones(2, 3)), made(torch.ones(2, 3)))
 
 
 _EDITED = """

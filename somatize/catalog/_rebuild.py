@@ -48,6 +48,42 @@ def identity_of(kind: type) -> str | None:
     return f"{kind.__module__}:{qualname}"
 
 
+def nameless_because(kind: type) -> tuple[str, str]:
+    """Why ``kind`` has no identity (:func:`identity_of` is None), as a refusal says it
+    after the class's name, and what to do: made by a class statement at the top of its
+    module that ran again since (a notebook's cell, the module reloaded), so that the
+    module holds the class it made then under the name, and ``kind`` is the one it made
+    before, which no name leads back to — else defined or made in a function."""
+    if defined_again(kind):
+        return (
+            "was defined again after this object was made (its notebook cell run again, "
+            "or its module reloaded), and its name leads to the class made then",
+            f"Make the `{kind.__qualname__}` again from its class as it is now (a module's "
+            "weights carried over with `load_state_dict`)",
+        )
+    return ("is defined inside a function", "Define the class at module level")
+
+
+def defined_again(kind: type) -> bool:
+    """Whether ``kind``, made by a class statement (its methods are named as its own,
+    ``Enc.forward``), is not what its module holds under its name, though a class that
+    statement made is: the statement ran again after ``kind`` was made."""
+    qualname = kind.__qualname__
+    now = held_at(kind.__module__, qualname)
+    if (
+        "<locals>" in qualname
+        or not isinstance(now, type)
+        or now is kind
+        or (now.__module__, now.__qualname__) != (kind.__module__, qualname)
+    ):
+        return False
+    return any(
+        getattr(value, "__qualname__", "").startswith(f"{qualname}.")
+        for value in vars(kind).values()
+        if callable(value)
+    )
+
+
 def _held_under_its_name(kind: type) -> bool:
     """Whether ``kind``'s module holds it under its qualified name."""
     return held_at(kind.__module__, kind.__qualname__) is kind

@@ -66,7 +66,7 @@ from typing import Any
 import pyarrow
 
 from somatize._threads import hash_read
-from somatize.catalog import Unbuildable, identity_of
+from somatize.catalog import Unbuildable, identity_of, nameless_because
 from somatize.data._parquet_base import (
     NotParquet,
     _columns_of,
@@ -211,9 +211,9 @@ class Parquet(_Versioned):
             )
         maker = identity_of(type(self))
         if maker is None:
+            why, fix = nameless_because(type(self))
             raise Unbuildable(
-                f"`{type(self).__qualname__}` is defined inside a function, so no other "
-                "process can find it. Define it at module level"
+                f"`{type(self).__qualname__}` {why}, so no other process can find it. {fix}"
             )
         args, kwargs = self._smz.call
         if args and args[0] is self.store:
