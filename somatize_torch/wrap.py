@@ -817,6 +817,8 @@ def _names(what: Names, model: nn.Module, kind: str) -> dict[str, str | None]:
     for name in found:
         if name == "" and isinstance(what, Mapping):
             continue  # the model itself, with its salt
+        if name and name not in known:
+            _refuse_other_name(name, model, known, kind)
         if name not in known or name == "":
             near = [n for n in known if n and (name in n or n in name)][:5] or [
                 n for n in known if n and "." not in n
@@ -827,6 +829,30 @@ def _names(what: Names, model: nn.Module, kind: str) -> dict[str, str | None]:
                 "submodules by their qualified path, as `named_modules()` gives it"
             )
     return found
+
+
+def _refuse_other_name(
+    name: str, model: nn.Module, known: Mapping[str, nn.Module], kind: str
+) -> None:
+    """Refuses ``name`` where it leads to a submodule ``named_modules()`` lists under
+    another name (``self.again = self.encoder``; T5's ``decoder.embed_tokens``, its
+    ``shared``): fx calls such a module by that first name wherever the forward uses it,
+    so its node, facts and counts go by that name, and it is declared by it."""
+    try:
+        module = model.get_submodule(name)
+    except AttributeError:
+        return  # no submodule at all: refused as unknown
+    first = next((path for path, one in known.items() if one is module), None)
+    if first is None:
+        return
+    held = f"`{first}`" if first else "the model itself"
+    declare = f"`{kind}=[{first!r}]`" if first else f"`{kind}=True`"
+    raise WrapError(
+        f"`{name}` in {kind}= is the submodule this `{type(model).__qualname__}` holds as "
+        f"{held} too (one module under two names): fx traces every call of it, under "
+        f"either name, as {held}, the name its node, facts and counts go by. Declare it "
+        f"by that name: {declare}"
+    )
 
 
 def _takes(kind: str, got: str) -> str:

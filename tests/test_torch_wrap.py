@@ -646,6 +646,43 @@ def test_declarations_are_checked() -> None:
         smt.wrap(unused, frozen=["encoder", "spare"])
 
 
+class HeldTwice(nn.Module):
+    """One encoder held under three names, called by its second, as T5 holds its
+    embedding as ``shared`` and ``decoder.embed_tokens``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(3, 3)
+        self.again = self.encoder
+        self.decoder = nn.Module()
+        self.decoder.embed = self.encoder
+        self.head = nn.Linear(3, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.again(x))
+
+
+@pytest.mark.parametrize("name", ["again", "decoder.embed"])
+def test_a_submodule_declared_by_another_name_is_refused_naming_its_first(
+    name: str, store: Store
+) -> None:
+    """A module held under two names is traced under the first ``named_modules()`` gives,
+    whichever the forward calls: declared by another, it is refused saying which name to
+    declare it by, not as no submodule; declared by that one, it is cached under it."""
+    pattern = f"`{re.escape(name)}` in frozen= is the submodule this `HeldTwice` holds as `encoder`"
+    with pytest.raises(smt.WrapError, match=pattern + r".*`frozen=\['encoder'\]`"):
+        smt.wrap(HeldTwice(), frozen=[name], cached=[name])
+    with pytest.raises(smt.WrapError, match=r"in cached= .*`cached=\['encoder'\]`"):
+        smt.wrap(HeldTwice(), frozen=["encoder"], cached=[name])
+    model = HeldTwice()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x)) and torch.equal(wrapped(x), model(x))
+    assert wrapped.counts == {"encoder": {"ran": 1, "kept": 1, "recalled": 1}}
+
+
 def test_cached_input_that_requires_grad_is_refused(store: Store) -> None:
     """A cached node fed by a trainable layer is refused: hits would silently stop training it."""
     wrapped = smt.wrap(Feeds(), frozen=["encoder"], cached=["encoder"], store=store)
