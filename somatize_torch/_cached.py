@@ -478,6 +478,7 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     # a setting or hook it keeps: it is keyed by its new state and what it declares now,
     # said to the owner's graph here so that the graphs below are built for them.
     state = held.restate(self.owner._refuse_tied)
+    self.owner._look_at_ties()  # a tie made outside the part
     if state is not None:
         memory.freeze(name, state)
     if held.declaration_moved() or state is not None:

@@ -30,7 +30,7 @@ import contextlib
 import functools
 import itertools
 import operator
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -354,6 +354,7 @@ class StateWatch:
         "_names",
         "_owners",
         "_params",
+        "_placed",
         "_read",
         "_requires",
         "_sizes",
@@ -364,12 +365,17 @@ class StateWatch:
         "_where",
     )
 
-    def __init__(self, module: nn.Module, read: Reads = NO_READS) -> None:
+    def __init__(
+        self, module: nn.Module, read: Reads = NO_READS, *, leaving: Collection[int] = ()
+    ) -> None:
+        """``leaving`` holds the ids of parts of ``module`` not to watch (another watch's)."""
         tables: list[dict[str, Any]] = []
         owners: list[dict[str, Any]] = []
         names: list[str] = []
         values: list[Any] = []
         parts = [*module.modules(), *(part for one in read.found for part in one.module.modules())]
+        if leaving:
+            parts = [part for part in parts if id(part) not in leaving]
         for part in parts:
             for table in (part._parameters, part._buffers, part._modules):
                 tables.append(table)
@@ -386,7 +392,10 @@ class StateWatch:
         self._tensors = [value for value in values if isinstance(value, torch.Tensor)]
         self._params = [t for t in self._tensors if isinstance(t, nn.Parameter)]
         self._versions = tuple(map(_VERSION, self._tensors))
-        self._where = tuple(map(_WHERE, self._tensors))
+        # A tensor with no memory of its own to point at (a sparse one) is watched
+        # otherwise only.
+        self._placed = [tensor for tensor in self._tensors if _has_memory(tensor)]
+        self._where = tuple(map(_WHERE, self._placed))
         self._memory = _Memory(self._tensors)
         self._requires = tuple(map(_REQUIRES, self._params))
         self._gradients = tuple(map(_GRADIENT, self._params))
@@ -400,15 +409,26 @@ class StateWatch:
         return (
             self._doubted
             or tuple(map(_VERSION, self._tensors)) != self._versions
-            or not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
-            or tuple(map(len, self._tables)) != self._sizes  # a part added (`enc.append(act)`)
+            or self._replaced()
             or self._read.moved()
             or tuple(map(_REQUIRES, self._params)) != self._requires
             or not all(map(operator.is_, map(_GRADIENT, self._params), self._gradients))
             or (
                 thorough
-                and (tuple(map(_WHERE, self._tensors)) != self._where or self._memory.let_go())
+                and (tuple(map(_WHERE, self._placed)) != self._where or self._memory.let_go())
             )
+        )
+
+    def moved(self) -> bool:
+        """Whether a tensor or submodule was replaced, added or removed, or a tensor's memory
+        changed (``p.data = t``): where the numbers are, not what they are. A change in
+        place, a gradient, or a parameter unfrozen is none of it."""
+        return self._doubted or self._replaced() or tuple(map(_WHERE, self._placed)) != self._where
+
+    def _replaced(self) -> bool:
+        return (
+            not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
+            or tuple(map(len, self._tables)) != self._sizes  # a part added (`enc.append(act)`)
         )
 
     def unfrozen(self, module: nn.Module) -> list[str]:
@@ -468,6 +488,16 @@ class _Memory:
             for ref in self._refs:
                 _FREE(ref)
             self._refs = []
+
+
+def _has_memory(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` points at memory of its own (a sparse one, or a lazy parameter
+    not made yet, does not)."""
+    try:
+        tensor.data_ptr()
+    except (RuntimeError, NotImplementedError, ValueError):
+        return False
+    return True
 
 
 _VERSION = operator.attrgetter("_version")

@@ -1287,6 +1287,11 @@ def refuse_scripted(
     )
 
 
+_Span = tuple[tuple[str, int], int, int]
+"""Where a tensor's numbers live: a place (the device, or the tensor itself where it has
+no memory), and the first byte it spans and the one after its last, there."""
+
+
 def refuse_tied(
     model: nn.Module,
     frozen: list[str],
@@ -1294,48 +1299,68 @@ def refuse_tied(
     *,
     froze: Collection[int] = (),
 ) -> None:
-    """Refuses freezing the parts ``frozen`` of ``model`` when a part left to train holds a
-    parameter over the same numbers as a frozen parameter or buffer (an output layer
-    tied to a frozen embedding):
-    freezing turns the gradient of the very same parameter off, and that part would
-    silently stop training; another parameter over the same memory rewrites the frozen
-    weights under their answers as it trains. A frozen part is found wherever it sits
-    (one module under two names is frozen under both). ``froze`` holds the ids of
-    parameters that required grad until the parts were frozen: checked after freezing (a
-    part made since), one of them held elsewhere is a part that would train without it."""
+    """Refuses freezing the parts ``frozen`` of ``model`` when their numbers are shared
+    in a way a frozen part cannot see changed:
+
+    - a part left to train holds a parameter over the same numbers as a frozen parameter
+      or buffer (an output layer tied to a frozen embedding): freezing turns the gradient
+      of the very same parameter off, and that part would silently stop training;
+      another parameter over the same memory rewrites the frozen weights under their
+      answers as it trains;
+    - a frozen parameter or buffer shares bytes with another tensor of the model, not
+      one a frozen part holds too (``txt.weight = nn.Parameter(img.weight.data)``): a
+      change made in place through that one (a checkpoint loaded into it alone) moves
+      its own version counter only, which torch cannot say is shared, so the frozen part
+      would be recalled the answers kept for its numbers before. The very same tensor
+      under two names, and views torch made of one tensor (which share its counter), are
+      seen changed through either; tensors over separate bytes of one buffer (as FSDP
+      makes them) share none.
+
+    A frozen part is found wherever it sits (one module under two names is frozen under
+    both). ``froze`` holds the ids of parameters that required grad until the parts were
+    frozen: checked after freezing (a part made since), one of them held elsewhere is a
+    part that would train without it."""
     parts = set()
     for name in frozen:
         try:
             parts.add(id(model.get_submodule(name)))
         except AttributeError:
             continue
-    within = [path for path, m in model.named_modules(remove_duplicate=False) if id(m) in parts]
+    within = [
+        (path, id(m)) for path, m in model.named_modules(remove_duplicate=False) if id(m) in parts
+    ]
     if not within:
         return
-    if "" in within:
+    if any(not path for path, _ in within):
         return  # the whole model is frozen: nothing else trains
-    trained: list[tuple[str, nn.Parameter]] = []
-    owners: list[tuple[tuple[int, int, int], str]] = []
-    for where, param in model.named_parameters(remove_duplicate=False):
-        if is_lazy(param):
+    tensors: dict[int, _TensorAt] = {}
+    trained: list[tuple[str, _TensorAt]] = []
+    named = [
+        *model.named_parameters(remove_duplicate=False),
+        *model.named_buffers(remove_duplicate=False),
+    ]
+    for where, tensor in named:
+        if is_lazy(tensor):
             continue  # not made yet (`nn.LazyLinear`): it holds no numbers to share
-        if any(where.startswith(f"{path}.") for path in within):
-            # By memory, not by object: `nn.Parameter(frozen.weight.data)` is another
-            # parameter over the same numbers, and training it rewrites the frozen one.
-            owners.append((_memory_of(param), where))
-        elif param.requires_grad or id(param) in froze:
-            trained.append((where, param))
-    for where, buffer in model.named_buffers(remove_duplicate=False):
-        # A parameter over a frozen part's statistics (a BatchNorm's running mean)
-        # rewrites them as it trains, as it would the frozen weights.
-        if not is_lazy(buffer) and any(where.startswith(f"{path}.") for path in within):
-            owners.append((_memory_of(buffer), where))
-    for where, param in trained:
-        span = _memory_of(param)
-        held = next((owner for memory, owner in owners if _overlap(memory, span)), None)
-        if held is not None:
+        held = tensors.get(id(tensor))
+        if held is None:
+            held = tensors[id(tensor)] = _TensorAt(tensor, where, _memory_of(tensor))
+        parts_in = {part for path, part in within if where.startswith(f"{path}.")}
+        if parts_in:
+            held.parts |= parts_in
+            held.frozen = held.frozen or where
+        elif isinstance(tensor, nn.Parameter) and (tensor.requires_grad or id(tensor) in froze):
+            trained.append((where, held))
+    pairs = list(_sharing(list(tensors.values())))
+    # By memory, not by object: `nn.Parameter(frozen.weight.data)` is another parameter
+    # over the same numbers, and training it rewrites the frozen one; so does a parameter
+    # over a frozen part's statistics (a BatchNorm's running mean), as it trains.
+    for where, held in trained:
+        sharing = [held, *(b for a, b in pairs if a is held), *(a for a, b in pairs if b is held)]
+        owner = next((one.frozen for one in sharing if one.frozen), None)
+        if owner is not None:
             raise error(
-                f"`{held}` is frozen, and `{where}`, in a part of the model that is not, "
+                f"`{owner}` is frozen, and `{where}`, in a part of the model that is not, "
                 "holds the same numbers (tied weights): freezing would turn its gradient "
                 f"off if it is the same parameter, so that `{where}` silently stops "
                 "training, and training it would change the frozen weights under their "
@@ -1343,14 +1368,49 @@ def refuse_tied(
                 ".detach().clone())`), or turn its gradient off yourself "
                 "(`requires_grad_(False)`) if it should not train either"
             )
+    for one, other in pairs:
+        if not one.parts - other.parts:
+            one, other = other, one  # named first: the one a frozen part holds alone
+        if one.parts == other.parts or _one_counter(one.tensor, other.tensor):
+            continue  # watched alike, or seen changed through either
+        owner, where = one.frozen, other.frozen or other.first
+        raise error(
+            f"`{owner}` is frozen, and `{where}` is another tensor over the same numbers "
+            f"(as `nn.Parameter({owner}.data)` makes one): a change made in place through "
+            f"`{where}` (a checkpoint loaded into its part alone) moves its own version "
+            f"counter only, so the frozen part would not see its numbers change and would "
+            f"be recalled the answers kept for the old ones. Give `{where}` its own copy "
+            f"(`.detach().clone()`), or hold the very same tensor under both names "
+            f"(`{where} = {owner}`)"
+        )
 
 
-def _memory_of(tensor: torch.Tensor) -> tuple[int, int, int]:
-    """Where a tensor's numbers live: its storage and the bytes of it that the tensor
-    spans, whatever view of it the tensor is (an empty tensor spans none)."""
-    storage = int(tensor.untyped_storage().data_ptr()) or id(tensor)
+@dataclasses.dataclass
+class _TensorAt:
+    """A tensor of a model, as :func:`refuse_tied` looks at it: the first name it has, where
+    its numbers live, the first name it has in a frozen part (if it has one), and the
+    frozen parts holding it, by id, each of which watches it."""
+
+    tensor: torch.Tensor
+    first: str
+    span: _Span
+    frozen: str = ""
+    parts: set[int] = dataclasses.field(default_factory=set)
+
+
+def _memory_of(tensor: torch.Tensor) -> _Span:
+    """Where a tensor's numbers live: the bytes of its device's memory it spans, whatever
+    view of whatever storage it is (two storages made over one buffer, as ``torch.
+    from_numpy`` makes them of two views of an array, share them too); an empty tensor
+    spans none, and one with no memory (on the meta device) or no storage (a sparse one)
+    its own."""
+    try:
+        address = int(tensor.untyped_storage().data_ptr())
+    except (RuntimeError, NotImplementedError):
+        address = 0  # a sparse tensor: no storage of its own to point at
+    place = (str(tensor.device), 0) if address else ("", id(tensor))
     if tensor.numel() == 0:
-        return storage, 0, 0
+        return place, 0, 0
     size = tensor.element_size()
     low = high = int(tensor.storage_offset())
     for extent, stride in zip(map(int, tensor.shape), map(int, tensor.stride()), strict=True):
@@ -1358,12 +1418,35 @@ def _memory_of(tensor: torch.Tensor) -> tuple[int, int, int]:
             low += (extent - 1) * stride
         else:
             high += (extent - 1) * stride
-    return storage, low * size, (high + 1) * size
+    return place, address + low * size, address + (high + 1) * size
 
 
-def _overlap(one: tuple[int, int, int], other: tuple[int, int, int]) -> bool:
+def _overlap(one: _Span, other: _Span) -> bool:
     """Whether two spans of memory (as ``_memory_of`` gives them) share a byte."""
     return one[0] == other[0] and one[1] < other[2] and other[1] < one[2]
+
+
+def _sharing(held: list[_TensorAt]) -> Iterator[tuple[_TensorAt, _TensorAt]]:
+    """Each two of ``held`` whose memory has a byte in common: in the order of where they
+    start, each looked at against those that start before it ends."""
+    ordered = sorted((one for one in held if one.span[1] < one.span[2]), key=_start)
+    for k, one in enumerate(ordered):
+        for other in ordered[k + 1 :]:
+            if not _overlap(one.span, other.span):
+                break
+            yield one, other
+
+
+def _start(held: _TensorAt) -> tuple[tuple[str, int], int]:
+    return held.span[0], held.span[1]
+
+
+def _one_counter(one: torch.Tensor, other: torch.Tensor) -> bool:
+    """Whether two tensors are views torch made of one tensor (or one is a view of the
+    other), which share its version counter: a change through either moves both."""
+    return (one._base if one._base is not None else one) is (
+        other._base if other._base is not None else other
+    )
 
 
 def _converted(built: torch.dtype, sent: torch.dtype) -> bool:

@@ -81,6 +81,7 @@ This module is the wrapper; what it is made of has a module each:
 from __future__ import annotations
 
 import inspect
+import itertools
 import os
 import threading
 import types
@@ -90,6 +91,7 @@ from typing import Any, NoReturn
 
 import torch
 from torch import nn
+from torch.nn.parameter import is_lazy
 
 from somatize import Graph, Node, Store, Unsettled
 from somatize._threads import ProcessLock
@@ -108,6 +110,7 @@ from somatize_torch._modes import load_compiler, marked_as_needed, outside_compi
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
 from somatize_torch._settings import any_global_hooks, global_hooks, stand_in_call
 from somatize_torch._split import identical_at
+from somatize_torch._state import StateWatch
 from somatize_torch._tracing import (
     INPUT,
     Key,
@@ -123,7 +126,7 @@ from somatize_torch._tracing import (
     value_key,
 )
 from somatize_torch._values import Reread, Values
-from somatize_torch.freeze import ModuleNode, refuse_scripted, refuse_tied
+from somatize_torch.freeze import ModuleNode, module_of, refuse_scripted, refuse_tied
 
 __all__ = [
     "CachedInputNeedsGrad",
@@ -209,6 +212,9 @@ class Wrapped(nn.Module):
     for a model declared whole, which is not traced)."""
     _one_code: bool = True
     """Whether each trace runs the same code in both modes."""
+    _ties: StateWatch | None = None
+    """Where the model's tensors and submodules were when :meth:`_refuse_tied` last found
+    no tie (None before): one moved since is looked at again."""
     _parts: _Parts
     _through: tuple[str, ...] = ("",)
     """The modules traced into, by path: their training flags pick the code that runs."""
@@ -362,9 +368,34 @@ class Wrapped(nn.Module):
         """Refuses the model while a part left to train holds a parameter over the numbers
         of a frozen part's (:func:`~somatize_torch.freeze.refuse_tied`): asked by ``freeze``,
         and again when a frozen part's state changed since (a tied checkpoint loaded with
-        ``assign=True``, a trained parameter put in it), before it is held frozen again."""
+        ``assign=True``, a trained parameter put in it), before it is held frozen again, or
+        when the model's tensors moved (:meth:`_look_at_ties`); found with none, where they
+        are is noted for that."""
         memory = self.graph.memory
-        refuse_tied(self.model, [n for n in self.graph.nodes() if memory.is_frozen(n)])
+        frozen = [n for n in self.graph.nodes() if memory.is_frozen(n)]
+        refuse_tied(self.model, frozen)
+        # A cached part's own watch, asked at each of its calls, sees what moves in it,
+        # and has this asked then.
+        held: set[int] = set()
+        for name in frozen:
+            module = module_of(self.graph.node(name))
+            if module is not None and memory.is_cached(name):
+                held.update(map(id, module.modules()))
+        # A lazy tensor (`nn.LazyLinear`'s, before its first call) has no memory to watch,
+        # and is given some in place: looked at again each call until it has it.
+        tensors = itertools.chain(self.model.parameters(), self.model.buffers())
+        lazy = any(map(is_lazy, tensors))
+        object.__setattr__(self, "_ties", None if lazy else StateWatch(self.model, leaving=held))
+
+    def _look_at_ties(self) -> None:
+        """:meth:`_refuse_tied` again if a tensor or submodule of the model was replaced,
+        added or removed, or a tensor given other memory, since it was last asked (a part
+        left to train given a frozen part's memory, ``head.weight = nn.Parameter(embed.
+        weight.data)``, which its own watch does not see): asked before each cached call,
+        it looks at each by identity and address only."""
+        ties = self._ties
+        if ties is None or ties.moved():
+            self._refuse_tied()
 
     def _noted(self, name: str, record: Record | None) -> None:
         if record is None:
@@ -427,6 +458,9 @@ class _WrappedWhole(Wrapped):
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
         return marked_as_needed(stand_in_call)(self, args, kwargs, WrapError)
+
+    def _look_at_ties(self) -> None:
+        """Nothing: the model is the one frozen part, whose own watch sees its tensors."""
 
 
 def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:

@@ -1885,6 +1885,111 @@ def test_parameters_over_separate_parts_of_one_buffer_are_not_tied() -> None:
         smt.freeze(smt.wrap(other, frozen=["encoder"]))
 
 
+class Towers(nn.Module):
+    """Two frozen towers and a head over both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.img = nn.Sequential(nn.Linear(4, 4))
+        self.txt = nn.Sequential(nn.Linear(4, 4))
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.img(x), self.txt(x)], -1))
+
+
+def _towers(model: Towers, store: Store) -> Any:
+    return smt.wrap(model, frozen=["img", "txt"], cached=["img", "txt"], store=store)
+
+
+def test_a_frozen_weight_another_tensor_shares_memory_with_is_refused(store: Store) -> None:
+    """Two parameters over one memory, different tensors (``nn.Parameter(img.weight.data)``),
+    each keep a version counter of their own: a checkpoint loaded into one tower moved
+    only its own, and the other tower's answers were recalled for numbers that changed.
+    Refused at freezing, naming both, wherever the other is (a frozen part, a part that
+    does not train); the very same parameter in both is not."""
+    model = Towers()
+    model.txt[0].weight = nn.Parameter(model.img[0].weight.data)
+    with pytest.raises(smt.FreezeError, match=r"`img\.0\.weight` is frozen, and `txt\.0\.weigh"):
+        smt.freeze(_towers(model, store))
+    assert not smt.is_held(model.img)
+    idle = Towers()
+    idle.head.weight = nn.Parameter(idle.img[0].weight.data.view(2, 8))
+    idle.head.requires_grad_(False)
+    with pytest.raises(smt.FreezeError, match=r"`img\.0\.weight` is frozen, and `head\.weight`"):
+        smt.freeze(smt.wrap(idle, frozen=["img"], cached=["img"], store=store))
+    same = Towers()
+    same.txt[0].weight = same.img[0].weight
+    assert set(smt.freeze(_towers(same, store))) == {"img", "txt"}
+
+
+def test_views_of_one_buffer_in_two_frozen_parts_are_seen_changed_through_either(
+    store: Store,
+) -> None:
+    """Buffers that are views torch made of one tensor share its version counter: two
+    frozen parts holding overlapping ones are not refused, and a change made through one
+    is seen by both."""
+    model = Towers()
+    table = torch.randn(6, 4)
+    model.img.register_buffer("table", table[:4])
+    model.txt.register_buffer("table", table[2:])
+    wrapped = _towers(model, store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 4)
+    wrapped(x)
+    model.img.table.add_(1)
+    wrapped(x)
+    assert wrapped.counts["txt"] == {"ran": 2, "kept": 2}
+
+
+def test_a_sparse_buffer_beside_frozen_parts_is_no_tie(store: Store) -> None:
+    """A sparse tensor has no storage to point at: one beside the frozen parts is looked at
+    for ties, and at each call for having moved, without being taken for one."""
+    model = Towers()
+    model.head.register_buffer("adjacency", torch.eye(2).to_sparse())
+    wrapped = _towers(model, store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 4)
+    wrapped(x)
+    wrapped(x)
+    assert wrapped.counts["img"] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
+def test_memory_shared_with_a_frozen_part_after_freezing_is_refused_at_the_next_call(
+    store: Store,
+) -> None:
+    """A tie made after freezing, outside the frozen part (a trained layer given the frozen
+    embedding's memory: ``head.weight = nn.Parameter(img.weight.data)``), was not looked
+    at: training the layer rewrote the frozen weights under their recalled answers. So
+    was another frozen part given it. Both are refused at the next call, naming both."""
+    model = Towers()
+    wrapped = _towers(model, store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 4)
+    wrapped(x)
+    model.head.weight = nn.Parameter(model.img[0].weight.data.view(2, 8))
+    with pytest.raises(smt.FreezeError, match=r"`img\.0\.weight` is frozen, and `head\.weight`"):
+        wrapped(x)
+    model.head.weight = nn.Parameter(torch.randn(2, 8))
+    wrapped(x)
+    model.txt[0].weight = nn.Parameter(model.img[0].weight.data)
+    with pytest.raises(smt.FreezeError, match=r"`img\.0\.weight` is frozen, and `txt\.0\.weigh"):
+        wrapped(x)
+    assert wrapped.counts["txt"] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
+def test_tensors_over_one_array_by_two_storages_share_memory() -> None:
+    """Two tensors made over one array (``torch.from_numpy`` of two views of it) have
+    storages of their own over the same bytes: a trained one over a frozen one's is
+    refused, as one over the same storage is."""
+    model = Tied()
+    flat = np.zeros(80, dtype=np.float32)
+    model.encoder.weight = nn.Parameter(torch.from_numpy(flat[:40]).view(10, 4))
+    model.out.weight = nn.Parameter(torch.from_numpy(flat[36:76]).view(10, 4))
+    with pytest.raises(smt.FreezeError, match=r"`encoder\.weight` is frozen.*`out\.weight`"):
+        smt.freeze(smt.wrap(model, frozen=["encoder"]))
+
+
 def test_a_lazy_parameter_left_to_train_does_not_stop_freezing() -> None:
     """A parameter not made yet (``nn.LazyLinear``) holds no numbers to share: the
     frozen part beside it freezes."""
