@@ -57,7 +57,7 @@ from torch.utils._pytree import tree_leaves
 import somatize
 from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize.canonical import NotCanonical
-from somatize.catalog import identity_of
+from somatize.catalog import identity_of, nameless_because
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.node import attributes_of, restates, sees_state
 from somatize_torch._precision import Named, precision_on
@@ -591,16 +591,18 @@ class ModuleNode(Node):
                 "worker constructs the module itself and loads the frozen weights into it, "
                 'or place it on a `Worker.generic(mode="local")` worker'
             )
-        if identity_of(named_class(self.module)) is None:
+        named = named_class(self.module)
+        if identity_of(named) is None:
+            why, fix = nameless_because(named)
             raise Unbuildable(
-                f"`{kind}` is defined inside a function, so no other process can find it. "
-                "Define the module class at module level, in a module the worker can import"
+                f"`{kind}` {why}, so no other process can find it. {fix}, in a module the "
+                "worker can import"
             )
         maker = identity_of(type(self))
         if maker is None:
+            why, fix = nameless_because(type(self))
             raise Unbuildable(
-                f"`{type(self).__qualname__}` is defined inside a function, so no other "
-                "process can find it. Define it at module level"
+                f"`{type(self).__qualname__}` {why}, so no other process can find it. {fix}"
             )
         _refuse_changed_since_built(self)
         _refuse_precision_not_sent(self)
@@ -702,10 +704,10 @@ class ModuleNode(Node):
     def declare(self) -> Any:
         kind = named_class(self.module)
         if identity_of(kind) is None:
+            why, fix = nameless_because(kind)
             raise Undeclared(
-                f"`{kind.__qualname__}` is defined inside a function, so nothing names it the "
-                "same way in another process and its answers cannot be keyed. Define the "
-                "module class at module level"
+                f"`{kind.__qualname__}` {why}, so nothing names it the same way in another "
+                f"process and its answers cannot be keyed. {fix}"
             )
         beside = self._beside_weights()
         self._declared_beside = beside
