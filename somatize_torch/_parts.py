@@ -8,6 +8,12 @@ one. A declared submodule cannot be replaced — its node holds the module it wa
 declared with — nor one whose forward was traced into the code, which runs what that
 forward did then: that is refused: wrap the model again.
 
+fx records a part the model holds under two names (``self.first = self.layers[0]``) by
+one of them only, wherever the forward reads it: the names given two parts since, the
+code could run the one where the forward runs the other. So the names of each part the
+code holds are watched too, and their being given two parts is said to the traces,
+which have the forward traced again (:meth:`_Parts.follow`).
+
 The fx split lists what the segments hold (:class:`_Read`); :class:`_Parts` watches
 the tables on the way to each, so that asking whether any changed, which every eager
 forward does, costs a look by identity per entry.
@@ -17,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -52,6 +58,8 @@ class _Parts:
         traced: Mapping[str, nn.Module] | None = None,
         children: Mapping[str, tuple[str, ...]] | None = None,
         hooks: Mapping[str, Hooks] | None = None,
+        aliases: Mapping[str, tuple[str, ...]] | None = None,
+        running: Collection[str] | None = None,
     ) -> None:
         self.reads = list(reads)
         self.declared = dict(declared)
@@ -68,11 +76,16 @@ class _Parts:
         (the model's own, ``""``, included) had, by its path: fx calls that forward
         itself, so a hook or a ``forward`` given to it since would not run."""
         self.tops = frozenset(path.split(".")[0] for path in [*declared, *self.traced])
-        self.aliases: dict[str, tuple[str, ...]] | None = None
-        """The other paths at which the model held each part the code holds, when it was
-        first watched (``self.enc2 = self.enc``): fx calls or reads such a part by one of
-        its names only, so one of them given another part would not run as the model
-        runs it."""
+        self.aliases = dict(aliases or {})
+        """The other paths at which the model held each part the code holds when it was
+        traced (``self.enc2 = self.enc``, :func:`aliases_of`): fx calls or reads such a
+        part by one of its names only, so the code is not the forward's once they hold
+        two parts."""
+        self.running = None if running is None else frozenset(running)
+        """The paths of :attr:`reads` the code run now reads (None for every one): one of
+        them gone is refused. Code traced for other values of a config, or before parts
+        held under two names were given apart, may read one gone since: it is pointed at
+        the part once it is back, before it is run."""
         self._tables: list[dict[str, Any]] = []
         self._keys: list[str] = []
         self._values: list[Any] = []
@@ -89,10 +102,6 @@ class _Parts:
         """Notes the table entries on the way to every part, as they are now."""
         seen: dict[tuple[int, str], tuple[dict[str, Any], Any]] = {}
         paths = [*self.declared, *self.traced, *(read.path for read in self.reads)]
-        if self.aliases is None:
-            self.aliases = _aliases(model, paths)
-            tops = (alias.split(".")[0] for names in self.aliases.values() for alias in names)
-            self.tops = self.tops.union(tops)
         for path in [*paths, *(alias for names in self.aliases.values() for alias in names)]:
             owner: Any = model
             for atom in path.split("."):
@@ -128,35 +137,25 @@ class _Parts:
 
     def refuse(self, model: nn.Module, name: str, value: Any) -> None:
         """Refuses putting ``value`` in the model as ``name`` where that replaces a declared
-        submodule (or what holds one) with another object, or gives one of the names of a
-        part held under two another part."""
+        submodule (or what holds one) with another object."""
         for path, node in self.declared.items():
             if path.split(".")[0] == name and _part(model, name) is not value:
                 raise _replaced(path, node)
         for path, module in self.traced.items():
             if path.split(".")[0] == name and _part(model, name) is not value:
                 raise _retraced(path, module)
-        self._refuse_untied(lambda path: _part_if(model, path, name, value))
 
-    def _refuse_untied(self, at: Callable[[str], Any]) -> None:
-        """Refuses a part held under two names (:attr:`aliases`) that two parts are held
-        under, as ``at`` finds what the model holds at a path."""
-        for path, names in (self.aliases or {}).items():
-            held = at(path)
-            split = next((alias for alias in names if at(alias) is not held), None)
-            if split is not None:
-                raise _untied(path, split)
-
-    def follow(self, model: nn.Module) -> None:
+    def follow(self, model: nn.Module) -> tuple[str, str] | None:
         """Points every segment at the part the model holds now; WrapError when a declared
-        submodule was replaced, or a part the code reads is gone."""
+        submodule was replaced, or a part the code reads is gone. Says which two names of
+        a part held under two (:attr:`aliases`) hold two parts now, if any: the forward is
+        then traced again."""
         for path, node in self.declared.items():
             if _part(model, path) is not node.module:
                 raise _replaced(path, node)
         for path, module in self.traced.items():
             if _part(model, path) is not module:
                 raise _retraced(path, module)
-        self._refuse_untied(lambda path: _part(model, path))
         for path, names in self.children.items():
             held = _part(model, path)
             now = tuple(held._modules) if isinstance(held, nn.Module) else ()
@@ -166,9 +165,20 @@ class _Parts:
             module = _part(model, path)
             if isinstance(module, nn.Module) and hooks_of(module) != was:
                 raise _hooked(path, module, was)
+        split = untied(model, self.aliases)
+        # Given apart, the code that runs is traced again: what it read may be gone.
+        self.point(model, refuse=split is None)
+        self.watch(model)
+        return split
+
+    def point(self, model: nn.Module, refuse: bool = True) -> None:
+        """Points every segment at the part the model holds now; WrapError, where
+        ``refuse``, when a part the code run now reads (:attr:`running`) is gone."""
         for read in self.reads:
             now = _part(model, read.path)
             if now is _MISSING:
+                if not refuse or (self.running is not None and read.path not in self.running):
+                    continue
                 raise WrapError(
                     f"`{read.path}` was removed from the model after `wrap`, and the model's "
                     "forward reads it (fx traced the read into its code): there is nothing to "
@@ -176,7 +186,6 @@ class _Parts:
                 )
             if getattr(read.holder, read.field, _MISSING) is not now:
                 _put(read.holder, read.field, now)
-        self.watch(model)
 
 
 def _replaced(path: str, node: ModuleNode) -> WrapError:
@@ -190,7 +199,7 @@ def _replaced(path: str, node: ModuleNode) -> WrapError:
     )
 
 
-def _aliases(model: nn.Module, paths: list[str]) -> dict[str, tuple[str, ...]]:
+def aliases_of(model: nn.Module, paths: Iterable[str]) -> dict[str, tuple[str, ...]]:
     """The other paths at which ``model`` holds what it holds at each of ``paths`` (a
     module, parameter or buffer under two names), for those it holds under more than one."""
     names: dict[int, list[str]] = {}
@@ -208,14 +217,21 @@ def _aliases(model: nn.Module, paths: list[str]) -> dict[str, tuple[str, ...]]:
     return found
 
 
-def _untied(path: str, alias: str) -> WrapError:
-    return WrapError(
-        f"`{path}` and `{alias}` held the same part when `wrap` traced the model, and hold "
-        f"two now: fx calls or reads such a part by one of its names, `{path}`, wherever the "
-        f"forward does, so the wrapped model would use one part where the model uses the other. "
-        "Wrap the model again after giving them parts of their own "
-        "(`somatize.torch.wrap(model, ...)`, then `freeze`), or load new weights into the "
-        "part they share instead (`load_state_dict`)"
+def untied(model: nn.Module, aliases: Mapping[str, tuple[str, ...]]) -> tuple[str, str] | None:
+    """A path of ``aliases`` and one of its other names that ``model`` holds two parts at
+    now, or None where each is held under all its names still."""
+    for path, names in aliases.items():
+        held = _part(model, path)
+        split = next((alias for alias in names if _part(model, alias) is not held), None)
+        if split is not None:
+            return path, split
+    return None
+
+
+def untied_said(path: str, alias: str) -> str:
+    """What :func:`untied` found, for a message."""
+    return (
+        f"`{path}` and `{alias}` held the same part when `wrap` traced the model, and hold two now"
     )
 
 
@@ -334,14 +350,6 @@ def _part(model: nn.Module, path: str) -> Any:
         if found is _MISSING:
             break
     return found
-
-
-def _part_if(model: nn.Module, path: str, name: str, value: Any) -> Any:
-    """What ``model`` would hold at ``path`` once ``value`` is put in it as ``name``."""
-    top, _, rest = path.partition(".")
-    if top != name:
-        return _part(model, path)
-    return _part(value, rest) if rest else value
 
 
 def _put(holder: nn.Module, field: str, value: Any) -> None:

@@ -58,7 +58,7 @@ from torch import fx, nn
 
 from somatize_torch._errors import NotCalled, Untraceable, WrapError
 from somatize_torch._modes import enters_blocks, switches
-from somatize_torch._parts import _Parts, _Read, hooks_of
+from somatize_torch._parts import _Parts, _Read, aliases_of, hooks_of, untied, untied_said
 from somatize_torch._split import Traced, _calls, _Split, _split, _traced, identity_asked
 from somatize_torch._values import Noted, Reread, Values
 from somatize_torch.freeze import keyed_with
@@ -231,8 +231,14 @@ class _Gate:
     @contextmanager
     def tracing(self) -> Iterator[None]:
         """A trace taken: once no other thread traces or runs a call. The calls this
-        thread is in (the one that traces) do not hold it off."""
+        thread is in (the one that traces) do not hold it off, nor does a trace it takes
+        already (one that finds the parts it reads given apart)."""
         me = threading.get_ident()
+        with self._changed:
+            within = self._tracer == me
+        if within:
+            yield
+            return
         with self._changed:
             mine = self._calls.pop(me, 0)
             self._waiting += 1
@@ -261,13 +267,33 @@ class _World:
     """The traces taken for one set of values of what the forward read from the plain
     objects the model's modules hold (``self.config.flag``), and what they read; where the
     code holds what the default dtype made (:attr:`Tracing.dtyped`), under one default
-    dtype."""
+    dtype; and while the parts they hold under two names are held so."""
 
     def __init__(self, runners: dict[Key, Runners], dtype: torch.dtype) -> None:
         self.runners = runners
         self.read: Noted | None = None
         self.dtype = dtype
         """The default dtype the traces were taken under."""
+        self.aliases: dict[str, tuple[str, ...]] = {}
+        """The other names of each part the traces hold that the model held under more
+        than one as they were taken (:func:`aliases_of`): fx records such a part by one of
+        them, wherever the forward reads it, so the traces are not the forward's once
+        the names hold two parts."""
+        self.reads: set[str] = set()
+        """The paths of the parts the traces' code reads."""
+
+    def note(self, model: nn.Module, paths: Iterable[str], reads: Iterable[_Read]) -> None:
+        """Notes what a trace holding the parts at ``paths`` (those it calls and goes
+        through) and ``reads`` reads, and the other names the model holds them under now."""
+        read = [one.path for one in reads]
+        self.reads.update(read)
+        for path, names in aliases_of(model, [*paths, *read]).items():
+            self.aliases[path] = tuple(dict.fromkeys([*self.aliases.get(path, ()), *names]))
+
+    def holds(self, model: nn.Module) -> bool:
+        """Whether ``model`` holds each part the traces hold under two names under all
+        of them still."""
+        return untied(model, self.aliases) is None
 
 
 class _Untraced(Values):
@@ -537,6 +563,7 @@ class Tracing:
             runners[training] = cut.runner
             done.append((traced, cut.runner))
         self.through |= through
+        self.world.note(self.model, [*(self.first.targets if self.first else ()), *through], reads)
         for read in noted:
             if self.world.read is None:
                 self.world.read = Noted(self.model)
@@ -770,6 +797,17 @@ class Tracing:
                 "Declare the submodule that holds the code that reads `self.training`, or "
                 "call the declared submodules the same way in both modes"
             )
+        split = untied(self.model, self.worlds[0].aliases)
+        if split is not None:
+            raise WrapError(
+                f"{untied_said(*split)}, and `{model}.forward`, traced again, calls its "
+                f"declared submodules otherwise ({_calls(cut.calls)} in "
+                f"{'train' if training else 'eval'} mode, {_calls(self.first.calls)} when "
+                "`wrap` traced it): fx called that part by one of its names wherever the "
+                "forward did, and one graph cannot describe both. Give both names one part "
+                "again, or wrap the model again after giving them parts of their own "
+                "(`somatize.torch.wrap(model, ...)`, then `freeze`)"
+            )
         if self.dtyped and self.world.dtype is not self.worlds[0].dtype:
             this, first, advice, whether = (
                 f"the default dtype is {self.world.dtype}",
@@ -828,7 +866,11 @@ class Tracing:
             if not any(path == name or path.startswith(name + ".") for name in self.declared)
         }
         hooks = {path: hooks_of(module) for path, module in [("", model), *traced_into.items()]}
-        parts = _Parts(self.reads, self.first.targets, traced_into, children, hooks)
+        world = self.world
+        parts = _Parts(
+            self.reads, self.first.targets, traced_into, children, hooks, world.aliases, world.reads
+        )
+        parts.point(model)  # code traced before may have been left pointing at a part gone
         parts.watch(model)
         object.__setattr__(wrapped, "_parts", parts)
         # The modules whose training flag the code holds: those traced into, and those
@@ -889,6 +931,15 @@ class Tracing:
         with self.gate.tracing():
             self._rekey(changed)
 
+    def untie(self, path: str, alias: str) -> None:
+        """Has the wrapped model run traces taken while ``path`` and ``alias``, which held
+        one part when the traces it runs were taken, hold two: those taken before with the
+        parts the model holds now held so, or none yet, so that a call traces the forward
+        again, which records each part under the name the forward reads it by."""
+        with self.gate.tracing():
+            if not self.world.holds(self.model):
+                self._rekey(untied_said(path, alias))
+
     def _rekey(self, changed: Reread | str) -> None:
         was = self.world
         made = torch.get_default_dtype()
@@ -896,7 +947,7 @@ class Tracing:
         # are not run.
         worlds = [one for one in self.worlds if not self.dtyped or one.dtype is made]
         for world in worlds:
-            if world is was or world.read is None:
+            if world is was or world.read is None or not world.holds(self.model):
                 continue
             self._enter(world)
             try:
@@ -907,14 +958,18 @@ class Tracing:
         limit: int = self.wrapped.TRACES_PER_VALUE
         if len([world for world in worlds if world.read is not None]) >= limit:
             self._enter(was)
+            if not was.holds(self.model):
+                # Its traces are not the forward's: every call looks for others, refused.
+                object.__setattr__(self.wrapped, "_values", _Untraced(self.wrapped._values))
             raise WrapError(
                 f"{changed}: `{type(self.model).__qualname__}.forward` was traced {limit} "
                 "times already for the values it read from the objects its modules hold (a "
-                "config), and fx traces what it reads into the code, so each set of them is "
-                "traced apart, and no more traces are taken, to keep them bounded. Set back a "
-                "set of values traced, keep a value that changes from call to call in a buffer "
-                "(`self.register_buffer(...)`) or hand it as a tensor, or raise "
-                "`Wrapped.TRACES_PER_VALUE` on this wrapped model"
+                "config) and for the parts it holds under two names, and fx traces what it "
+                "reads into the code, so each set of them is traced apart, and no more "
+                "traces are taken, to keep them bounded. Set back a set of values traced "
+                "(or give those names one part again), keep a value that changes from call "
+                "to call in a buffer (`self.register_buffer(...)`) or hand it as a tensor, or "
+                "raise `Wrapped.TRACES_PER_VALUE` on this wrapped model"
             ) from None
         empty = [one for one in worlds if one.read is None]
         world = empty[0] if empty else _World({}, made)

@@ -359,7 +359,11 @@ class Wrapped(nn.Module):
         """Points the fx segments at the parts the model holds now, if any was replaced."""
         parts: _Parts | None = self.__dict__.get("_parts")
         if parts is not None and parts.changed():
-            parts.follow(self.model)
+            split = parts.follow(self.model)
+            if split is not None:
+                # Two names of a part the code holds under one hold two: traced again.
+                assert self._tracing is not None  # a model declared whole holds no code
+                self._tracing.untie(*split)
 
     def _check(self) -> None:
         settled(self.graph, self.graph.memory)

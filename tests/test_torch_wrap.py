@@ -2999,34 +2999,31 @@ class Shared(nn.Module):
         return h @ self.head.weight.T
 
 
-@pytest.mark.parametrize(
-    ("name", "made"),
-    [
-        ("again", lambda: nn.Linear(4, 4)),
-        ("mid_again", lambda: nn.Linear(4, 4)),
-        ("head", lambda: nn.Linear(4, 4)),
-    ],
-)
-def test_a_part_held_under_two_names_given_two_parts_is_refused(
-    store: Store, name: str, made: Callable[[], nn.Module]
-) -> None:
+@pytest.mark.parametrize("name", ["again", "mid_again", "head"])
+def test_a_part_held_under_two_names_given_two_parts_is_refused(store: Store, name: str) -> None:
     """fx calls (or reads) a part the model holds under two names by one of them wherever
     the forward uses it: one of the names given another part after `wrap` went on running
-    the part it held, where the model runs the new one. Refused — on the wrapped model
-    before it is assigned, at the next forward when assigned on the model — until the
-    names hold one part again; the same part under both runs as the model does."""
+    the part it held, where the model runs the new one. Given apart, on the wrapped model
+    or on the model, the forward is traced again, and the wrapped model answers as the
+    model does (a layer, a weight the head shares); where the declared encoder was
+    called under both, it calls it otherwise, which one graph cannot describe: refused at
+    the next forward until the names hold one part again. The same part under both runs
+    as the model does."""
     torch.manual_seed(0)
     model = Shared()
     wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
     smt.freeze(wrapped)
     x, y = torch.randn(3, 4), torch.randn(3, 4)
     was = getattr(model, name)
-    with pytest.raises(smt.WrapError, match="held the same part when `wrap` traced"):
-        setattr(wrapped, name, made())
-    assert getattr(model, name) is was
-    setattr(model, name, made())
-    with pytest.raises(smt.WrapError, match="held the same part when `wrap` traced"):
-        wrapped(x, y)
+    for holder in (wrapped, model):
+        setattr(holder, name, nn.Linear(4, 4))
+        assert getattr(model, name) is getattr(wrapped, name)
+        if name == "again":
+            with pytest.raises(smt.WrapError, match="held the same part when `wrap` traced"):
+                wrapped(x, y)
+        else:
+            with torch.no_grad():
+                assert torch.equal(wrapped(x, y), model(x, y))
     setattr(model, name, was)
     with torch.no_grad():
         assert torch.equal(wrapped(x, y), model(x, y))
@@ -3034,6 +3031,62 @@ def test_a_part_held_under_two_names_given_two_parts_is_refused(
     model.head.weight = model.mid.weight
     with torch.no_grad():
         assert torch.equal(wrapped(x, y), model(x, y))
+
+
+class Handled(nn.Module):
+    """Keeps a second name for the first of its layers, a handle its forward never calls
+    by: registered after the layers (``handle_first=False``) or before them, where fx
+    calls the layer by the handle's name."""
+
+    def __init__(self, handle_first: bool) -> None:
+        super().__init__()
+        self.encoder = nn.Linear(4, 4)
+        if handle_first:
+            self.first = nn.Linear(4, 4)
+            self.layers = nn.Sequential(self.first, nn.ReLU(), nn.Linear(4, 2))
+        else:
+            self.layers = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+            self.first = self.layers[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(self.encoder(x))
+
+
+@pytest.mark.parametrize("handle_first", [False, True], ids=["handle-after", "handle-before"])
+def test_a_layer_replaced_under_one_of_its_two_names_is_the_one_that_runs(
+    store: Store, handle_first: bool
+) -> None:
+    """A layer the model holds under a second name its forward never calls it by
+    (``self.first = self.layers[0]``), replaced under the name the forward calls
+    (``model.layers[0] = nn.Linear(4, 4)``), on the model or on the wrapped model, is
+    the one that runs, and so is the one that then replaces the handle, or the layer once
+    the handle is removed: the names apart, the forward is traced again, which calls each
+    part by its own name."""
+    torch.manual_seed(0)
+    model = Handled(handle_first)
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    wrapped(x)
+    model.layers[0] = nn.Linear(4, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+    wrapped.layers[0] = nn.Linear(4, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+    model.first = nn.Linear(4, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+    model.first = model.layers[0]
+    model.layers[0] = nn.Linear(4, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+    model.first = model.layers[0]
+    del model.first
+    model.layers[0] = nn.Linear(4, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 5}
 
 
 class Stacked(OnTempered):
