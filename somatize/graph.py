@@ -4,7 +4,8 @@
 also where **hash-consing** happens: a settled node — frozen, with an identity
 and a declaration that stays as it is, and a state if it holds one — is interned
 on its key parts (identity, declaration, salt, mapped, placement, and the nodes it
-reads) and on what it holds (its public attributes with a canonical form, by
+reads), on the classes whose code computes it (two classes given one identity stay two
+nodes) and on what it holds (its public attributes with a canonical form, by
 value, in its ``__dict__`` or in ``__slots__``). The same frozen computation
 written twice is therefore one node, computed once; no merge pass exists, and
 equality of settled nodes is identity. A node built with a list or a dict is
@@ -242,6 +243,9 @@ class Graph:
             ):
                 intern = (
                     identity,
+                    # The classes too: two a factory made, given one name (`.identified`),
+                    # are keyed alike and still run other code, each its own.
+                    node.implementing_classes(),
                     declaration,
                     marks.state,
                     marks.cached,

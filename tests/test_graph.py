@@ -298,6 +298,28 @@ def test_frozen_nodes_given_other_attributes_after_building_are_not_interned() -
     assert Graph.somatize(Echo().named("echo").frozen() >> (one, two)).nodes() == ("echo", "one")
 
 
+def _adding(k: int) -> type[Node]:
+    """A class of nodes adding ``k``, made anew at each call, so it has no name of its own."""
+
+    class Adds(Node):
+        def forward(self, x: Any, ctx: Any) -> Any:
+            return x + k
+
+    return Adds
+
+
+def test_frozen_nodes_of_two_classes_given_one_identity_are_not_interned() -> None:
+    """Two classes a factory made, each given the one stable name a refusal advises
+    (`.identified(...)`), compute other answers: built alike and frozen, they stay two
+    nodes, each running its own code, with or without a store — where one was interned into
+    the other, and both answered what the first computes."""
+    one = _adding(1)().named("one").identified("tests.factory:Adds").frozen()
+    hundred = _adding(100)().named("hundred").identified("tests.factory:Adds").frozen()
+    g = Graph.somatize(Echo().named("x").frozen() >> (one, hundred) >> Pair().frozen())
+    assert g.nodes() == ("x", "one", "hundred", "pair")
+    assert g.forward(1) == [2, 101]
+
+
 def test_frozen_nodes_differing_in_a_slot_are_not_interned() -> None:
     """Two frozen nodes built alike whose class holds its attributes in ``__slots__``, given
     other values there after building, compute other answers: they stay two nodes."""
