@@ -363,7 +363,13 @@ def cacheable(graph: Shape, memory: Memory) -> None:
 
 def settled(graph: Shape, memory: Memory, among: Iterable[NodeId] | None = None) -> None:
     """Raises :class:`NotSettled` for the first frozen node (of ``among``, or of the
-    whole graph) that holds state with no digest."""
+    whole graph) that holds state with no digest: one that says so, or one that says its
+    state itself (``settled_state()``, a source of one's own that never said
+    ``holds_state``), whose key would otherwise name none."""
     for node in graph.nodes() if among is None else among:
-        if memory.is_frozen(node) and memory.state_of(node) is None and graph.holds_state(node):
+        if (
+            memory.is_frozen(node)
+            and memory.state_of(node) is None
+            and (graph.holds_state(node) or graph.settles(node))
+        ):
             raise NotSettled(node, graph.kind_of(node), graph.settles(node), graph.state_held(node))

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Any
 
+import blake3
 import pyarrow
 import pytest
 
@@ -94,6 +96,47 @@ def test_an_unsettled_source_is_told_to_settle_not_to_freeze(store: Store) -> No
     said = str(refused.value)
     assert "Call `somatize.data.settle(g)` before running" in said
     assert "torch" not in said
+
+
+class Words(Node):
+    """A source of one's own: the words of a file, by span, with the digest of the file's
+    bytes as its state — a `settled_state()`, and no `holds_state` said."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def settled_state(self) -> str:
+        return "blake3:" + blake3.blake3(Path(self.path).read_bytes()).hexdigest()
+
+    def forward(self, span: Any, ctx: Any) -> list[str]:
+        return Path(self.path).read_text().split()[span["at"] : span["at"] + span["take"]]
+
+
+class Many(Node):
+    """How many items it is handed."""
+
+    def forward(self, items: Any, ctx: Any) -> int:
+        return len(items)
+
+
+def test_a_source_saying_its_state_is_refused_until_settled(store: Store, tmp_path: Path) -> None:
+    """A node of one's own with a `settled_state()`, frozen above a cached node, was run
+    unsettled, its answers keyed without its state: the file written again, a graph on it
+    recalled what the old file made. It is refused as a data source is until `settle(g)`,
+    which puts its state in the key."""
+    words = tmp_path / "words.txt"
+    words.write_text("a b c")
+    answers = []
+    for text in ("a b c", "a b c d e"):
+        words.write_text(text)
+        g = Graph.somatize(
+            Words(str(words)).named("words").frozen() >> Many().named("many").frozen().cached()
+        )
+        with pytest.raises(NotSettled, match=r"`words` is declared frozen.*settle\(g\)"):
+            g.forward({"at": 0, "take": 8}, store=store)
+        settle(g)
+        answers.append(g.forward({"at": 0, "take": 8}, store=store))
+    assert answers == [3, 5]
 
 
 def test_a_tables_version_is_its_content() -> None:
