@@ -487,6 +487,11 @@ class Graph:
         cell run again), so that its name leads to another class now."""
         return defined_again(type(self.node(name)))
 
+    def freezable(self, name: str) -> bool:
+        """Whether ``name`` can be declared frozen at all: not a node that answers whatever
+        is newest (a stream), whose class says ``freezable = False``."""
+        return getattr(self.node(name), "freezable", True) is not False
+
     def undeclared(self, name: str) -> Undeclared | None:
         """Why ``name`` has no declaration, if it has none."""
         return self._undeclared.get(self.resolve(name))

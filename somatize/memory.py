@@ -69,6 +69,8 @@ class Shape(Protocol):
 
     def defined_again(self, node: NodeId) -> bool: ...
 
+    def freezable(self, node: NodeId) -> bool: ...
+
 
 class Memory:
     """What is remembered about each node. A node not listed has nothing said about
@@ -231,11 +233,22 @@ class MemoryError_(SomatizeError, ValueError):
 
 
 class Unsettled(_Rebuilt, MemoryError_):
-    """Something a cached node depends on can still change."""
+    """Something a cached node depends on can still change.
 
-    def __init__(self, cached: NodeId, moving: NodeId) -> None:
+    ``never``: what the node that can change is (its class), when it can never be
+    frozen (a stream, answering whatever is newest); the refusal then says to drop
+    ``.cached()`` rather than to freeze it."""
+
+    def __init__(self, cached: NodeId, moving: NodeId, never: str = "") -> None:
         self.cached, self.moving = cached, moving
-        if cached == moving:
+        if never:
+            message = (
+                f"`{cached}` keeps its output and `{moving}`, which it reads, is not frozen: an "
+                f"output is only reusable if nothing above it can change, and `{moving}` (a "
+                f"`{never}`) can never be frozen, so nothing below it can be kept. Drop "
+                f"`.cached()` from `{cached}`"
+            )
+        elif cached == moving:
             message = (
                 f"`{cached}` keeps its output and is not frozen: what is worth keeping is what "
                 "does not change, and a node that still trains gets a new key every run. "
@@ -356,7 +369,8 @@ def cacheable(graph: Shape, memory: Memory) -> None:
             continue
         for above in upstream(graph, node):
             if not memory.is_frozen(above):
-                raise Unsettled(node, above)
+                never = "" if graph.freezable(above) else graph.kind_of(above)
+                raise Unsettled(node, above, never)
             if memory.identity_of(above) is None:
                 raise Nameless(node, above, graph.kind_of(above), graph.defined_again(above))
 

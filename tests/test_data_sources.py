@@ -222,6 +222,19 @@ def test_nothing_under_a_stream_can_be_cached(store: Store) -> None:
     assert echo.calls == 0
 
 
+def test_a_cached_node_under_a_stream_is_not_told_to_freeze_the_stream(store: Store) -> None:
+    """The refusal of a cached node under a stream told to declare the stream `.frozen()`,
+    which a stream refuses (`Unfreezable`): it says the stream can never be frozen, and to
+    drop `.cached()` from what reads it."""
+    g = Graph.somatize(_stream().named("events") >> Echo().named("echo").frozen().cached())
+    with pytest.raises(Unsettled) as refused:
+        g.forward({"take": 1}, store=store)
+    said = str(refused.value)
+    assert "Declare `events` `.frozen()`" not in said
+    assert "`events` (a `Stream`) can never be frozen" in said
+    assert "Drop `.cached()` from `echo`" in said
+
+
 def test_settle_refuses_a_stream_frozen_behind_its_back() -> None:
     """Freezing a stream in memory directly is still refused when the graph is settled."""
     g = Graph.somatize(_stream().named("events") >> Echo().named("echo"))

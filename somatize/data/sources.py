@@ -126,6 +126,9 @@ class Stream(Node):
     the (at most ``n``) rows it returns — a table, a record batch, a Frame, or anything
     ``somatize.data.to_arrow`` takes. Cannot be frozen, so nothing under it is cached."""
 
+    freezable = False
+    """Never frozen: a refusal of a cached node under it says so, rather than to freeze it."""
+
     def __init__(self, pull: Callable[[int], Any]) -> None:
         if not callable(pull):
             raise TypeError(
