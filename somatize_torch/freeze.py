@@ -166,12 +166,14 @@ def _asks_changed() -> None:
 
 
 def _in_eval(module: nn.Module) -> None:
-    """Puts ``module`` and every part of it in eval, as the hold does, recording no ask."""
+    """Puts ``module`` and every part of it in eval, as the hold does, recording no ask:
+    of its parts after one held on its own either, whose hold puts it in eval so too."""
+    was = getattr(_holding, "on", False)
     _holding.on = True
     try:
         nn.Module.train(module, False)
     finally:
-        _holding.on = False
+        _holding.on = was
 
 
 class _Asked:

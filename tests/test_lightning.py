@@ -3234,3 +3234,53 @@ def test_a_part_a_wrapped_model_holds_fixed_is_refused_saying_so(
     assert model.net.encoder is encoder and type(encoder) is Encoder
     assert [p.requires_grad for p in encoder.parameters()] == grads
     assert is_held(encoder) == declared  # frozen by `freeze` only where declared
+
+
+class _HeldStem(nn.Module):
+    """An encoder whose stem comes first, its BatchNorm after it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, 2, 1)
+        self.norm = nn.BatchNorm2d(8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.norm(self.stem(x))).mean((2, 3))
+
+
+class _HeldStemProbe(Probe):
+    """A head on an encoder made by ``somatize.torch.wrap`` with its stem declared frozen
+    (held in eval there), the encoder frozen by ``requires_grad_(False)`` alone: its
+    BatchNorm, after the stem, runs in train mode in a plain fit."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = wrap(_HeldStem(), frozen=["stem"])
+        freeze(self.encoder)
+        self.encoder.requires_grad_(False)
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        pass
+
+
+def test_a_part_after_one_held_on_its_own_keeps_its_train_mode(tmp_path: Path) -> None:
+    """Holding a module whose stem is held on its own (frozen in a wrapped model) put the
+    parts after the stem in eval as if eval had been asked of them: the callback took
+    the encoder's BatchNorm for one in eval, cached it, and the head trained on features
+    normalized otherwise than without the callback, the model handed back with that
+    BatchNorm in eval. It runs in train mode, uncached, with a warning saying so."""
+
+    def fit(cache: bool) -> _HeldStemProbe:
+        model = _HeldStemProbe()
+        callbacks: list[pl.Callback] = [CacheFrozen(None, ["encoder"])] if cache else []
+        trainer(tmp_path, 2, callbacks=callbacks).fit(model, loader())
+        return model
+
+    with pytest.warns(Uncached, match=r"`encoder` would run in train mode.*`norm`"):
+        cached = fit(cache=True)
+    plain = fit(cache=False)
+    modes = {name: m.training for name, m in cached.named_modules()}
+    assert modes == {name: m.training for name, m in plain.named_modules()}
+    assert modes["encoder.norm"] and not modes["encoder.stem"]
+    assert torch.equal(cached.encoder.norm.running_mean, plain.encoder.norm.running_mean)
+    assert torch.equal(cached.head.weight, plain.head.weight)
