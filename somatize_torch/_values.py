@@ -588,6 +588,10 @@ class Values:
         """The numpy arrays read, each with its dtype, shape and bytes: numpy keeps no
         version counter, and what the code made of one is traced in as it was."""
         if noted is None:
+            # Laid out now, reading nothing: the one a class holds as its default (a model
+            # declared whole, traced by nobody) is not changed by the first look at it, which
+            # a cache watching the class's code would take for code changed in place.
+            self._quick = self._tables()
             return
         for key, read in noted.own.items():
             value = noted.seen.get(key, _ABSENT)

@@ -10,6 +10,7 @@ import errno
 import functools
 import logging
 import os
+import subprocess
 import sys
 import threading
 import types
@@ -3709,3 +3710,29 @@ def test_a_batch_written_by_its_module_is_not_run_again_on_what_it_wrote(
     cached.flush()
     assert cached.stats.rows_kept == 4
     cached.close()
+
+
+def test_a_model_wrapped_whole_is_cached_per_row_in_a_fresh_process() -> None:
+    """A model made by ``somatize.torch.wrap`` declared whole (``frozen=True``), cached per
+    row before any such model first ran in the process, was refused at its first call
+    (``RowsError``) saying ``Wrapped._values`` was changed in place since it was cached: the
+    first look at the wrapped model filled in what the class holds as its default. It is
+    cached, and recalls its rows. Run in a process of its own, where no wrapped model ran."""
+    code = (
+        "import torch\n"
+        "from torch import nn\n"
+        "import somatize.torch as smt\n"
+        "from somatize_torch.rows import cache_rows\n"
+        "torch.manual_seed(0)\n"
+        "model = nn.Sequential(nn.Linear(8, 16), nn.ReLU())\n"
+        "wrapped = smt.wrap(model, frozen=True)\n"
+        "smt.freeze(wrapped)\n"
+        "cached = cache_rows(wrapped, None)\n"
+        "x = torch.randn(3, 8)\n"
+        "with torch.no_grad():\n"
+        "    assert torch.equal(cached(x), model(x))\n"
+        "    assert torch.equal(cached(x), model(x))\n"
+        "print(cached.stats.computed, cached.stats.rows)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.stdout.split() == ["3", "6"], done.stderr[-2000:]
