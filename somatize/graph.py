@@ -2,7 +2,8 @@
 
 ``Graph.somatize(a >> b >> c)`` turns an expression into a graph. Building it is
 also where **hash-consing** happens: a settled node — frozen, with an identity
-and a declaration that stays as it is, and a state if it holds one — is interned
+and a declaration that stays as it is, and a state if it holds one or says one
+(``settled_state()``) — is interned
 on its key parts (identity, declaration, salt, mapped, placement, and the nodes it
 reads), on the classes whose code computes it (two classes given one identity stay two
 nodes) and on what it holds (its public attributes with a canonical form, by
@@ -60,6 +61,7 @@ from somatize.node import (
     digest_of,
     held_by,
     holds_state,
+    says_state,
     slots_of,
     state_held,
     tells_state,
@@ -233,7 +235,7 @@ class Graph:
                 marks.frozen
                 and identity is not None
                 and declaration is not None
-                and (not holds_state(node) or marks.state is not None)
+                and (not (holds_state(node) or says_state(node)) or marks.state is not None)
                 and node.is_declaration_fixed()
                 and not node.replaced_since_made()  # its declaration follows at the first forward
                 # One that sees its own state change (a torch module, a checkpoint loaded into
@@ -476,7 +478,7 @@ class Graph:
     def settles(self, name: str) -> bool:
         """Whether ``name`` says the state it is frozen at itself (``settled_state()``, as a
         data source does), so that ``somatize.data.settle`` settles it."""
-        return callable(getattr(self.node(name), "settled_state", None))
+        return says_state(self.node(name))
 
     def kind_of(self, name: str) -> str:
         """What ``name`` is, for people: its class (see :meth:`Node.kind_name`)."""

@@ -105,6 +105,7 @@ __all__ = [
     "in_slot",
     "restates",
     "running_here",
+    "says_state",
     "sees_state",
     "slots_of",
     "state_held",
@@ -218,6 +219,13 @@ def holds_state(node: Any) -> bool:
     """Whether ``node`` holds state a frozen declaration must be settled at: its class says so
     (``holds_state = True``), or a library registered with :func:`sees_state` does."""
     return bool(node.holds_state) or any(sees(node) for sees in _HOLDS_STATE)
+
+
+def says_state(node: Any) -> bool:
+    """Whether ``node`` says the state it is frozen at itself (``settled_state()``, as a data
+    source does), so that ``somatize.data.settle`` settles it: its state, held whether or not
+    its class says ``holds_state``, is known only once it is settled."""
+    return callable(getattr(node, "settled_state", None))
 
 
 def state_held(node: Any) -> str | None:

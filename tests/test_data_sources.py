@@ -139,6 +139,44 @@ def test_a_source_saying_its_state_is_refused_until_settled(store: Store, tmp_pa
     assert answers == [3, 5]
 
 
+class Snapshot(Node):
+    """A source of one's own holding the words of a file as they were when it was made,
+    with their digest as its state: a `settled_state()`, and no `holds_state` said."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._words = Path(path).read_text().split()
+
+    def settled_state(self) -> str:
+        return "blake3:" + blake3.blake3(" ".join(self._words).encode()).hexdigest()
+
+    def forward(self, span: Any, ctx: Any) -> list[str]:
+        return self._words[span["at"] : span["at"] + span["take"]]
+
+
+class Both(Node):
+    """Its two inputs, as a list."""
+
+    def forward(self, first: Any, second: Any, ctx: Any) -> list[Any]:
+        return [first, second]
+
+
+def test_sources_saying_other_states_are_not_interned(tmp_path: Path) -> None:
+    """Two sources of one's own built alike over one file, written again between them,
+    say other states: they were interned into one when the graph was built, before
+    anybody settled them, and both answered what the first holds. They stay two nodes,
+    each settled at its own state, as a source whose class says `holds_state` does."""
+    words = tmp_path / "words.txt"
+    words.write_text("a b c")
+    old = Snapshot(str(words)).named("old").frozen()
+    words.write_text("a b c d e")
+    new = Snapshot(str(words)).named("new").frozen()
+    g = Graph.somatize((old, new) >> Both().named("both").frozen())
+    assert g.nodes() == ("old", "new", "both")
+    assert settle(g).keys() == {"old", "new"}
+    assert g.forward({"at": 0, "take": 8}) == [["a", "b", "c"], ["a", "b", "c", "d", "e"]]
+
+
 def test_a_tables_version_is_its_content() -> None:
     """Equal tables have one version however they are chunked; other rows, another."""
     table = _numbers(100)
