@@ -273,7 +273,8 @@ class Nameless(_Rebuilt, MemoryError_):
         what = f" (a `{kind}`)" if kind else ""
         fix = (
             "Define it at module level rather than inside a function, or give it a stable "
-            "name with `.identified('package.module:Name')`"
+            "name with `.identified('package.module:Name')`, a name of its class's own (each "
+            "class a factory makes needs one: two classes under one name share their keys)"
         )
         if again:
             fix = (
