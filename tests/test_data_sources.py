@@ -11,7 +11,7 @@ import pyarrow
 import pytest
 
 from somatize import Graph, Node, NotSettled, Store, Unbuildable, Unsettled
-from somatize.broker import Broker, Worker
+from somatize.broker import Broker, StateMismatch, Worker
 from somatize.data import (
     BadCoordinate,
     Frame,
@@ -175,6 +175,35 @@ def test_sources_saying_other_states_are_not_interned(tmp_path: Path) -> None:
     assert g.nodes() == ("old", "new", "both")
     assert settle(g).keys() == {"old", "new"}
     assert g.forward({"at": 0, "take": 8}) == [["a", "b", "c"], ["a", "b", "c", "d", "e"]]
+
+
+def test_a_source_saying_its_state_is_checked_on_a_network_worker(
+    store: Store, tmp_path: Path
+) -> None:
+    """A source of one's own that says its state, rebuilt on a network worker from its
+    constructor, read the file as it is there: written again after `settle(g)`, it answered
+    5 where the graph's own copy answers 3, and the 5 was kept under the old state's key.
+    The copy is checked against the state the graph is settled at, and refused when it
+    says another; unsettled, it is refused before anything runs."""
+    words = tmp_path / "words.txt"
+    words.write_text("a b c")
+    g = Graph.somatize(
+        Snapshot(str(words)).named("snap").frozen().at("w1")
+        >> Many().named("many").frozen().cached()
+    )
+    with Broker.embedded({"w1": Worker.generic(mode="network")}) as network:
+        with pytest.raises(Unbuildable, match=r"`snap` \(Snapshot\).*not settled.*settle\(g\)"):
+            g.forward({"at": 0, "take": 8}, broker=network)
+        settle(g)
+        assert g.forward({"at": 0, "take": 8}, broker=network) == 3
+    words.write_text("a b c d e")
+    with (
+        Broker.embedded({"w1": Worker.generic(mode="network")}) as network,
+        pytest.raises(StateMismatch, match=r"`snap` on worker `w1`.*says its state is"),
+    ):
+        g.forward({"at": 0, "take": 8}, broker=network, store=store)
+    with Broker.embedded({"w1": Worker.generic(mode="local")}) as local:
+        assert g.forward({"at": 0, "take": 8}, broker=local, store=store) == 3
 
 
 def test_a_tables_version_is_its_content() -> None:

@@ -187,6 +187,13 @@ class GradientLost(SomatizeError, ValueError):
     alone: the gradient through the node placed there would be lost without a word."""
 
 
+def holds_there(graph: Graph, node: str) -> bool:
+    """Whether a network worker must hold ``node`` at the state the graph is frozen at: its
+    class says it holds state, or it says its state (``settled_state()``, a source of one's
+    own reading a file when it is made), which the copy rebuilt there must say too."""
+    return graph.holds_state(node) or graph.settles(node)
+
+
 def state_mismatch(node: str, worker: str, loaded: str, frozen: str) -> StateMismatch:
     """The refusal of a worker that loaded state ``loaded`` for ``node`` frozen at ``frozen``."""
     return StateMismatch(
@@ -382,8 +389,9 @@ class Broker(abc.ABC):
                 blueprint = blueprint_of(graph.node(node), node, _owed(graph, node))
             except Unbuildable as why:
                 raise _unsendable(node, worker, why) from None
-            holds = graph.holds_state(node)
-            if holds and not state_crosses(graph.node(node)):
+            says = graph.settles(node)  # a copy there says its state, checked there
+            holds = holds_there(graph, node)
+            if holds and not (says or state_crosses(graph.node(node))):
                 raise Unbuildable(
                     f"`{node}` ({graph.kind_of(node)}) is placed on network worker `{worker}` "
                     "and holds state (weights, a dataset version) that its constructor does "
@@ -394,11 +402,20 @@ class Broker(abc.ABC):
             if holds and graph.memory.state_of(node) is None:
                 raise Unbuildable(
                     f"`{node}` ({graph.kind_of(node)}) is placed on network worker `{worker}`, "
-                    "which rebuilds it and loads the state the graph is frozen at — and it is "
-                    "not frozen at any: a worker would hold weights nobody can check, and "
-                    f"they would go stale as they train here. Nothing has run. Declare it "
-                    "`.frozen()` and settle it (`somatize.torch.freeze(g)`), or place it on a "
-                    '`Worker.generic(mode="local")` worker'
+                    + (
+                        "which rebuilds it and checks that the copy says the state the graph "
+                        "is settled at — and it is not settled at any: a copy made there "
+                        "would read what it reads as it is then, which nobody can check. "
+                        "Nothing has run. Declare it `.frozen()` and settle it "
+                        "(`somatize.data.settle(g)`), or place it on a "
+                        if says and not graph.holds_state(node)
+                        else "which rebuilds it and loads the state the graph is frozen at — "
+                        "and it is not frozen at any: a worker would hold weights nobody can "
+                        "check, and they would go stale as they train here. Nothing has run. "
+                        "Declare it `.frozen()` and settle it (`somatize.torch.freeze(g)`), or "
+                        "place it on a "
+                    )
+                    + '`Worker.generic(mode="local")` worker'
                 )
             try:
                 self._admit(node, worker, blueprint, graph.memory.fingerprint_of(node), holds)

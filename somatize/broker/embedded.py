@@ -45,7 +45,7 @@ from somatize.catalog import Blueprint, Catalog, own_state
 from somatize.node import Context, running_here
 
 from .base import Broker, Done, WorkerTimeout, _check_timeout
-from .host import Host, NeedState, callers_modes, crossings, job_for, unpacker
+from .host import Host, NeedState, callers_modes, crossings, job_for, state_for, unpacker
 from .worker import BadWorker, Worker
 
 if TYPE_CHECKING:
@@ -154,7 +154,7 @@ class EmbeddedBroker(Broker):
             reply = host.run(job, sent)
             carried = 0
             if isinstance(reply, NeedState):
-                state = graph.node(node).state_bytes()
+                state = state_for(graph.node(node))
                 carried = len(state)
                 reply = host.run(job, sent, state=state)
             assert not isinstance(reply, NeedState)

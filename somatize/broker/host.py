@@ -87,17 +87,24 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from somatize import canonical
 from somatize._threads import ProcessLock
-from somatize.catalog import Blueprint, Catalog, Unbuildable, check_held, fingerprint_of
+from somatize.catalog import (
+    Blueprint,
+    Catalog,
+    Unbuildable,
+    check_held,
+    fingerprint_of,
+    state_crosses,
+)
 from somatize.codecs import CODECS
 from somatize.node import Context, Node, digest_of, held_by
 from somatize.plan import static_of
 from somatize.store import Store, StoreError
 
-from .base import GradientLost, StateMismatch, state_mismatch
+from .base import GradientLost, StateMismatch, holds_there, state_mismatch
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -342,8 +349,15 @@ def answer_needs_grad(node: str, worker: str) -> GradientLost:
 
 def held_state(graph: Graph, node: str) -> str | None:
     """The digest of the state a worker must load for ``node``: the one the graph is frozen
-    at, for a node that holds state; None for one that does not."""
-    return graph.memory.state_of(node) if graph.holds_state(node) else None
+    at, for a node that holds state or says it; None for one that does neither."""
+    return graph.memory.state_of(node) if holds_there(graph, node) else None
+
+
+def state_for(node: Node) -> bytes:
+    """The bytes a worker that asked for ``node``'s state (:class:`NeedState`) is sent:
+    those its :meth:`~somatize.node.Node.state_bytes` writes; none for a node that says its
+    state (``settled_state()``) and cannot hand it over, whose copy there says its own."""
+    return node.state_bytes() if state_crosses(node) else b""
 
 
 def pack(value: Any, where: str) -> tuple[str, bytes]:
@@ -551,7 +565,7 @@ class Host:
                 if state is not None:
                     assert data is not None
                     try:
-                        loaded = self._load(found, data, name)
+                        loaded = self._load(found, data, name, state)
                     except StateMismatch:
                         if spare is None:
                             raise
@@ -559,7 +573,7 @@ class Host:
                         # then (a dataset's name bound again since, its files changed):
                         # built now, it finds them as they are.
                         found = self._build(blueprint, name)
-                        loaded = self._load(found, data, name)
+                        loaded = self._load(found, data, name, state)
                     if loaded != state:
                         raise state_mismatch(name, self.worker, loaded, state)
                     found._smz.state = loaded
@@ -576,11 +590,26 @@ class Host:
             self._moved(blueprint, name, holder)
             return found
 
-    def _load(self, node: Node, data: Buffer, name: str) -> str:
+    def _load(self, node: Node, data: Buffer, name: str, state: str) -> str:
         """What ``node`` says it holds once ``data``, its state's bytes, is loaded into it;
-        StateMismatch naming the node and this worker when it refuses them."""
+        StateMismatch naming the node and this worker when it refuses them. A node that
+        cannot load a state and says its own (``settled_state()``) is checked instead: its
+        copy, rebuilt here, read what it reads as it is now, and must say ``state``."""
         try:
-            return node.load_state(memoryview(data))
+            if state_crosses(node):
+                return node.load_state(memoryview(data))
+            said = str(cast(Any, node).settled_state())
+            if said != state:
+                raise StateMismatch(
+                    f"rebuilt here from its constructor, it says its state is {said} "
+                    f"(`settled_state()`), and the graph is settled at {state}: what it reads "
+                    "changed since it was settled (a file written again), so answers computed "
+                    "from it would be kept under a key that does not describe them. It did not "
+                    "run and nothing was kept for it. Build the graph again and settle it "
+                    "(`somatize.data.settle(g)`) to read what is there now, or place it on a "
+                    '`Worker.generic(mode="local")` worker to answer from the graph\'s own copy'
+                )
+            return said
         except StateMismatch as why:
             raise StateMismatch(f"`{name}` on worker `{self.worker}`: {why}") from None
 

@@ -71,7 +71,17 @@ from .base import (
     _check_timeout,
     _seconds,
 )
-from .host import Host, Job, NeedState, Reply, crossings, held_state, job_for, unpacker
+from .host import (
+    Host,
+    Job,
+    NeedState,
+    Reply,
+    crossings,
+    held_state,
+    job_for,
+    state_for,
+    unpacker,
+)
 from .worker import BadWorker, Worker
 
 if TYPE_CHECKING:
@@ -461,7 +471,7 @@ class RayBroker(Broker):
                 key = self._answer(node, worker, actor, actor.key_of.remote(*asked, held, state))
                 if isinstance(key, NeedState):
                     if state is None:
-                        state = ray.put(graph.node(node).state_bytes())
+                        state = ray.put(state_for(graph.node(node)))
                     key = self._answer(
                         node, worker, actor, actor.key_of.remote(*asked, held, state)
                     )
@@ -603,7 +613,7 @@ class RayBroker(Broker):
                 first = self._answer(node, worker, actor, actor.run.remote(job, state, *payloads))
                 if isinstance(first, NeedState):
                     if state is None:
-                        data = graph.node(node).state_bytes()
+                        data = state_for(graph.node(node))
                         state, carried = ray.put(data), len(data)
                     # set only once it comes back: an actor that dies loading the state
                     # leaves no reply, and is lost as one dying on its first call is
