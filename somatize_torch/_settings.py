@@ -53,6 +53,7 @@ __all__ = [
     "hooks_of",
     "settings_of",
     "stand_in_call",
+    "stood_for",
 ]
 
 
@@ -60,6 +61,19 @@ _TORCH_OWN = frozenset(vars(nn.Module())) | {"_compiled_call_impl"}
 """What torch itself keeps in every module (parameters, buffers, children, hooks, the
 training flag, what ``Module.compile`` makes): seen elsewhere in the key, or not part
 of what the module computes."""
+
+
+def stood_for(part: nn.Module) -> nn.Module:
+    """The module whose values, hooks and code ``part`` computes with: where ``part`` is a
+    model made by :func:`somatize.torch.wrap`, the model it wraps, which it runs and whose
+    parts it holds as its own; its own attributes are bookkeeping (its counts, graph,
+    record and traces, which change as it runs) and say nothing of what it answers. Any
+    other module stands for itself."""
+    from somatize_torch.wrap import Wrapped  # it imports this module
+
+    while isinstance(part, Wrapped):
+        part = part.model
+    return part
 
 
 def settings_of(module: nn.Module) -> dict[str, Any]:
@@ -86,9 +100,12 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     held inside a container is named by its type alone (``{"unseen": "module:Class"}``),
     so that the container's other items still key it. A container is followed however
     deep it is nested (one that holds itself names where it refers back to, ``{"cycle":
-    1}``); one nested deeper than Python's recursion limit is refused."""
+    1}``); one nested deeper than Python's recursion limit is refused. A model made by
+    :func:`somatize.torch.wrap` is named by the values of the model it wraps
+    (:func:`stood_for`)."""
     out: dict[str, Any] = {}
-    for prefix, sub in module.named_modules():
+    for prefix, part in module.named_modules():
+        sub = stood_for(part)
         worked_out = _worked_out(sub)
         # And what it keeps in the slots its class declares (`__slots__`), as a config's.
         for name, value in {**vars(sub), **_slots_of(sub, part=True)}.items():
@@ -212,7 +229,9 @@ class SettingsWatch:
         self._read = read
         self._modes = [part for one in read.found for part in one.module.modules()]
         self._training = tuple(map(_TRAINING, self._modes))
-        modules = [*module.modules(), *self._modes]
+        # A model made by `wrap` by the model it wraps, but for its own hooks, which run too.
+        wrappers = [part for part in module.modules() if stood_for(part) is not part]
+        modules = [*map(stood_for, module.modules()), *self._modes]
         parts = [vars(part) for part in modules]
         # The plain objects the parts hold (a config), and those they hold in turn, in a
         # list, tuple, dict or set too: what each holds is watched as a part's own values
@@ -265,6 +284,7 @@ class SettingsWatch:
                 values.append(function.__globals__.get(name))
         hooks = [_registry._global_forward_pre_hooks, _registry._global_forward_hooks]
         hooks += [table[kind] for table in parts for kind in _HOOK_TABLES]
+        hooks += [vars(part)[kind] for part in wrappers for kind in _HOOK_TABLES]
         self._slots = slots
         self._slotted = slotted
         values = [*values, *slotted]
@@ -666,24 +686,33 @@ def hooks_of(module: nn.Module) -> dict[str, Any]:
     its qualified name and a digest of its bytecode (a bound method's or a callable
     object's by its class and the method it runs). The values a hook closes over,
     is given or keeps are not seen: a hook that counts or captures would change the
-    key as it goes."""
+    key as it goes. A model made by :func:`somatize.torch.wrap` runs its own hooks around
+    those of the model it wraps (:func:`stood_for`): named together, in that order."""
     out: dict[str, Any] = {}
     for prefix, sub in module.named_modules():
-        found = _hooks(sub._forward_pre_hooks, sub._forward_hooks)
+        inner = stood_for(sub)
+        around = [sub] if inner is sub else [sub, inner]  # the outermost first
+        found = _hooks(
+            [hook for one in around for hook in one._forward_pre_hooks.values()],
+            [hook for one in reversed(around) for hook in one._forward_hooks.values()],
+        )
         if found:
             out[prefix or "."] = found
-    everywhere = _hooks(_registry._global_forward_pre_hooks, _registry._global_forward_hooks)
+    everywhere = _hooks(
+        list(_registry._global_forward_pre_hooks.values()),
+        list(_registry._global_forward_hooks.values()),
+    )
     if everywhere:
         out["*"] = everywhere
     return out
 
 
-def _hooks(pre: dict[int, Any], post: dict[int, Any]) -> dict[str, Any]:
+def _hooks(pre: list[Any], post: list[Any]) -> dict[str, Any]:
     found: dict[str, Any] = {}
     if pre:
-        found["pre"] = [_code_of(hook) for hook in pre.values()]
+        found["pre"] = [_code_of(hook) for hook in pre]
     if post:
-        found["post"] = [_code_of(hook) for hook in post.values()]
+        found["post"] = [_code_of(hook) for hook in post]
     return found
 
 

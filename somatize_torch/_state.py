@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from somatize.catalog import objects_read
-from somatize_torch._settings import _TORCH_OWN, _same_items
+from somatize_torch._settings import _TORCH_OWN, _same_items, stood_for
 from somatize_torch.digest import digest_named
 
 __all__ = ["NO_READS", "Read", "Reads", "StateWatch", "digest_state", "modules_read"]
@@ -272,7 +272,7 @@ def modules_read(module: nn.Module, classes: Iterable[type]) -> Reads:
     ``functools.partial`` a part keeps binds (``self.f = functools.partial(apply,
     nn.Linear(3, 3))``), or a list, tuple or dict it binds holds, or a plain list, tuple
     or dict a part keeps holds (``self.extra = [nn.LayerNorm(3)]``)."""
-    own = {id(part) for part in module.modules()}
+    own = {id(one) for part in module.modules() for one in (part, stood_for(part))}
     reads = Reads()
     found: list[Read] = []
 
@@ -295,7 +295,7 @@ def modules_read(module: nn.Module, classes: Iterable[type]) -> Reads:
     for space, name in objects_read(*classes):
         look(space, name, f"{space.get('__name__', '')}:{name}", True)
     for prefix, part in module.named_modules():
-        table = vars(part)
+        table = vars(stood_for(part))  # a wrapped model's values are the model's
         for name in [name for name in table if name not in _TORCH_OWN]:
             look(table, name, f"{prefix}.{name}" if prefix else name, False)
     seen: set[int] = set()

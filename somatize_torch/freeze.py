@@ -61,7 +61,7 @@ from somatize.catalog import identity_of, nameless_because
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.node import attributes_of, restates, sees_state
 from somatize_torch._precision import Named, precision_on
-from somatize_torch._settings import SettingsWatch, _configs_in, hooks_of, settings_of
+from somatize_torch._settings import SettingsWatch, _configs_in, hooks_of, settings_of, stood_for
 from somatize_torch._state import (
     Read,
     StateWatch,
@@ -989,7 +989,7 @@ _MODULE_OWN = frozenset(vars(nn.Module()))
 def _held_generators(module: nn.Module) -> Iterator[torch.Generator]:
     """The ``torch.Generator`` objects ``module`` and its submodules hold as attributes,
     directly or in a list, tuple or dict (``self.noise = torch.Generator()``)."""
-    for part in module.modules():
+    for part in map(stood_for, module.modules()):
         for name, value in vars(part).items():
             if name in _MODULE_OWN:
                 continue
@@ -1099,7 +1099,10 @@ def named_class(module: nn.Module) -> type:
     moves such a module into a class it makes as it does so, ``Parametrized<Name>``, a
     subclass of the module's own that no module holds under its name; what it adds is
     the parametrizations, parts of the module (``parametrizations``) named in its
-    declaration, their weights in its state, as a parametrized part's are."""
+    declaration, their weights in its state, as a parametrized part's are. A model made by
+    :func:`somatize.torch.wrap` is named by the class of the model it wraps
+    (:func:`~somatize_torch._settings.stood_for`)."""
+    module = stood_for(module)
     kind = type(module)
     if kind.__module__ == parametrize.__name__ and parametrize.is_parametrized(module):
         return kind.__bases__[0]
@@ -1112,8 +1115,10 @@ def classes_of(module: nn.Module) -> tuple[type, ...]:
     configs they hold (a default their class gives, a property, is read through their
     code). The code fingerprint of a torch node covers them all (torch's own classes and
     the standard library's left out, by :func:`~somatize.catalog.fingerprint_of`), so an
-    edited block of a model, or config class, is seen."""
-    parts = list(module.modules())
+    edited block of a model, or config class, is seen. A model made by
+    :func:`somatize.torch.wrap` computes with the code of the model it wraps
+    (:func:`~somatize_torch._settings.stood_for`)."""
+    parts = list(map(stood_for, module.modules()))
     configs = _configs_in([vars(part) for part in parts])
     return tuple(dict.fromkeys([*map(type, parts), *map(type, configs)]))
 
@@ -1132,6 +1137,7 @@ def keyed_with(module: nn.Module) -> tuple[Any, ...]:
 
     parts = list(module.modules())
     parts += [part.module for part in parts if isinstance(part, CachedRows)]
+    parts += [stood_for(part) for part in parts if stood_for(part) is not part]
     return (*parts, *module.parameters(), *module.buffers())
 
 

@@ -3284,3 +3284,25 @@ def test_a_part_after_one_held_on_its_own_keeps_its_train_mode(tmp_path: Path) -
     assert modes["encoder.norm"] and not modes["encoder.stem"]
     assert torch.equal(cached.encoder.norm.running_mean, plain.encoder.norm.running_mean)
     assert torch.equal(cached.head.weight, plain.head.weight)
+
+
+class _WrappedEncoderProbe(Probe):
+    """A probe whose encoder is made by ``somatize.torch.wrap``, its conv cached per batch
+    in a store of its own."""
+
+    def __init__(self, parts: Path) -> None:
+        super().__init__()
+        self.encoder = wrap(self.encoder, frozen=["conv"], cached=["conv"], store=parts)
+        freeze(self.encoder)
+
+
+def test_an_encoder_with_a_part_cached_per_batch_recalls_its_rows(tmp_path: Path) -> None:
+    """An encoder made by ``somatize.torch.wrap`` with a part cached per batch counts that
+    part's facts as it runs: the callback read those counts as a setting of the encoder,
+    keyed its rows anew at each epoch, and recalled none. They are no part of the key: the
+    second epoch recalls every row."""
+    callback = CacheFrozen(None, ["encoder"])
+    trainer(tmp_path, 2, callbacks=[callback]).fit(
+        _WrappedEncoderProbe(tmp_path / "parts"), loader()
+    )
+    assert epochs(callback, "train")[1].rows.recalled == SAMPLES

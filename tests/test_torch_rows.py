@@ -24,6 +24,7 @@ from torch import nn
 from torch.autograd import forward_ad
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
+import somatize.torch as smt
 from somatize import Store
 from somatize.canonical import NotCanonical
 from somatize.engine import Drifted
@@ -46,7 +47,7 @@ from somatize_torch.rows import (
     cache_rows,
     prefill,
 )
-from somatize_torch.wrap import CachedInputNeedsGrad
+from somatize_torch.wrap import CachedInputNeedsGrad, WrapError
 from tests.decoding import NotesWidth
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
@@ -3736,3 +3737,69 @@ def test_a_model_wrapped_whole_is_cached_per_row_in_a_fresh_process() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.stdout.split() == ["3", "6"], done.stderr[-2000:]
+
+
+class _Stemmed(nn.Module):
+    """A stem, and a plain value its forward reads beside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.stem = nn.Linear(6, 3)
+        self.gain = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.stem(x) * self.gain
+        return out
+
+
+@pytest.mark.parametrize("declared", [True, ["stem"]], ids=["whole", "stem"])
+def test_a_value_the_model_a_wrapped_model_wraps_reads_keys_its_rows(
+    store: Store, declared: Any
+) -> None:
+    """A model made by ``somatize.torch.wrap``, cached per row, was keyed by the wrapper's
+    own attributes, not by the model it wraps: a plain value the model's forward reads
+    (``gain``), changed, had the rows computed with the old one recalled. Its rows are
+    keyed by the model's values and hooks now: a model declared whole computes them again
+    with the new one, or a hook registered on the model, and one whose forward was traced
+    refuses the call, as the wrapped model refuses any call once a value its code was
+    traced with changed."""
+    model = _Stemmed()
+    wrapped = smt.wrap(model, frozen=declared)
+    smt.freeze(wrapped)
+    cached = cache_rows(wrapped, store)
+    x = torch.randn(4, 6)
+    first = cached(x)
+    if declared is True:
+        model.gain = 2.0
+        again = cached(x)
+        assert cached.stats.computed == 8
+        assert torch.equal(again, expected(model, x)) and not torch.equal(again, first)
+        model.register_forward_hook(_triple)  # run by the model, as the wrapper calls it
+        assert torch.equal(cached(x), expected(model, x)) and cached.stats.computed == 12
+    else:
+        wrapped.gain = 2.0  # the model's: its forward was traced reading it
+        with pytest.raises(WrapError, match=r"`gain` was 1\.0 when `wrap` traced"):
+            cached(x)
+    cached.close()
+
+
+def test_a_wrapped_model_with_a_part_cached_per_batch_recalls_its_rows(
+    store: Store, tmp_path: Path
+) -> None:
+    """A model made by ``somatize.torch.wrap`` with a part cached per batch in a store
+    counts that part's facts as it runs: cached per row, those counts were read as a
+    setting of the model, so rows were keyed anew at each ``redeclare()`` (as
+    ``CacheFrozen`` asks at each epoch) and never recalled. The wrapper's own counts are
+    no part of the key: the rows are recalled."""
+    wrapped = smt.wrap(_Stemmed(), frozen=["stem"], cached=["stem"], store=tmp_path / "parts")
+    smt.freeze(wrapped)
+    cached = cache_rows(wrapped, store)
+    x = torch.randn(4, 6)
+    first = cached(x)
+    for _ in range(2):
+        cached.flush()
+        assert cached.redeclare() is False
+        assert torch.equal(cached(x), first)
+    assert cached.stats.computed == 4 and cached.keyed_anew == 0
+    cached.close()
