@@ -61,6 +61,7 @@ from somatize.node import (
     digest_of,
     held_by,
     holds_state,
+    keyed_by_state,
     says_state,
     slots_of,
     state_held,
@@ -235,7 +236,7 @@ class Graph:
                 marks.frozen
                 and identity is not None
                 and declaration is not None
-                and (not (holds_state(node) or says_state(node)) or marks.state is not None)
+                and (not keyed_by_state(node) or marks.state is not None)
                 and node.is_declaration_fixed()
                 and not node.replaced_since_made()  # its declaration follows at the first forward
                 # One that sees its own state change (a torch module, a checkpoint loaded into
@@ -469,6 +470,11 @@ class Graph:
     def holds_state(self, name: str) -> bool:
         """Whether ``name`` holds state a frozen declaration must be settled at."""
         return holds_state(self.node(name))
+
+    def keyed_by_state(self, name: str) -> bool:
+        """Whether ``name``, frozen, is keyed by a state it is settled at
+        (:func:`somatize.node.keyed_by_state`)."""
+        return keyed_by_state(self.node(name))
 
     def state_held(self, name: str) -> str | None:
         """What ``name`` holds, in words, where a library says so and its class does not

@@ -59,7 +59,7 @@ class Shape(Protocol):
 
     def predecessors(self, node: NodeId) -> Sequence[NodeId]: ...
 
-    def holds_state(self, node: NodeId) -> bool: ...
+    def keyed_by_state(self, node: NodeId) -> bool: ...
 
     def settles(self, node: NodeId) -> bool: ...
 
@@ -382,9 +382,5 @@ def settled(graph: Shape, memory: Memory, among: Iterable[NodeId] | None = None)
     state itself (``settled_state()``, a source of one's own that never said
     ``holds_state``), whose key would otherwise name none."""
     for node in graph.nodes() if among is None else among:
-        if (
-            memory.is_frozen(node)
-            and memory.state_of(node) is None
-            and (graph.holds_state(node) or graph.settles(node))
-        ):
+        if memory.is_frozen(node) and memory.state_of(node) is None and graph.keyed_by_state(node):
             raise NotSettled(node, graph.kind_of(node), graph.settles(node), graph.state_held(node))

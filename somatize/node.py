@@ -103,6 +103,7 @@ __all__ = [
     "holding_of",
     "holds_state",
     "in_slot",
+    "keyed_by_state",
     "restates",
     "running_here",
     "says_state",
@@ -226,6 +227,13 @@ def says_state(node: Any) -> bool:
     source does), so that ``somatize.data.settle`` settles it: its state, held whether or not
     its class says ``holds_state``, is known only once it is settled."""
     return callable(getattr(node, "settled_state", None))
+
+
+def keyed_by_state(node: Any) -> bool:
+    """Whether ``node``, frozen, is keyed by a state it is settled at: it holds one
+    (:func:`holds_state`) or says its own (:func:`says_state`); until settled it has none
+    to be keyed by."""
+    return holds_state(node) or says_state(node)
 
 
 def state_held(node: Any) -> str | None:

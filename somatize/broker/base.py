@@ -187,13 +187,6 @@ class GradientLost(SomatizeError, ValueError):
     alone: the gradient through the node placed there would be lost without a word."""
 
 
-def holds_there(graph: Graph, node: str) -> bool:
-    """Whether a network worker must hold ``node`` at the state the graph is frozen at: its
-    class says it holds state, or it says its state (``settled_state()``, a source of one's
-    own reading a file when it is made), which the copy rebuilt there must say too."""
-    return graph.holds_state(node) or graph.settles(node)
-
-
 def state_mismatch(node: str, worker: str, loaded: str, frozen: str) -> StateMismatch:
     """The refusal of a worker that loaded state ``loaded`` for ``node`` frozen at ``frozen``."""
     return StateMismatch(
@@ -390,7 +383,7 @@ class Broker(abc.ABC):
             except Unbuildable as why:
                 raise _unsendable(node, worker, why) from None
             says = graph.settles(node)  # a copy there says its state, checked there
-            holds = holds_there(graph, node)
+            holds = graph.keyed_by_state(node)
             if holds and not (says or state_crosses(graph.node(node))):
                 raise Unbuildable(
                     f"`{node}` ({graph.kind_of(node)}) is placed on network worker `{worker}` "

@@ -104,7 +104,7 @@ from somatize.node import Context, Node, digest_of, held_by
 from somatize.plan import static_of
 from somatize.store import Store, StoreError
 
-from .base import GradientLost, StateMismatch, holds_there, state_mismatch
+from .base import GradientLost, StateMismatch, state_mismatch
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -350,7 +350,7 @@ def answer_needs_grad(node: str, worker: str) -> GradientLost:
 def held_state(graph: Graph, node: str) -> str | None:
     """The digest of the state a worker must load for ``node``: the one the graph is frozen
     at, for a node that holds state or says it; None for one that does neither."""
-    return graph.memory.state_of(node) if holds_there(graph, node) else None
+    return graph.memory.state_of(node) if graph.keyed_by_state(node) else None
 
 
 def state_for(node: Node) -> bytes:
