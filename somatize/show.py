@@ -84,7 +84,8 @@ def figure_of(graph: Graph, record: Record | None = None) -> Figure:
 
     ``record`` must be a record of this graph (from any of its forwards): anything else
     is a ``TypeError``, and a record naming nodes the graph does not have a
-    ``ValueError``.
+    ``ValueError``. A node the record says nothing of is drawn not reached where the run
+    stopped short, and without an outcome where it finished (a wrapped model's record).
     """
     from somatize.figure import Arrow, Box, Figure
 
@@ -92,6 +93,12 @@ def figure_of(graph: Graph, record: Record | None = None) -> Figure:
         _check_record(graph, record)
     # read from the facts each time they are asked for: asked once, not once per node
     outcome = record.outcome if record is not None else None
+    # A node the record says nothing of was never reached where the run stopped short (a
+    # node failed, or it was interrupted). In a forward that finished every node has its
+    # outcome; a record that finished and says nothing of a node is one of calls of some
+    # nodes only (a wrapped model's, which runs the rest itself), and the node is drawn
+    # without one.
+    unsaid = "unreached" if record is not None and not record.count("finished") else None
     took_us = record.took_us if record is not None else {}
     crossed = record.crossed if record is not None else {}
     memory = graph.memory
@@ -116,8 +123,7 @@ def figure_of(graph: Graph, record: Record | None = None) -> Figure:
                 state=_short(memory.state_of(name)),
                 salt=memory.salt_of(name),
                 worker=worker,
-                # with a record, a node it says nothing of was never reached
-                outcome=outcome.get(name, "unreached") if outcome is not None else None,
+                outcome=outcome.get(name, unsaid) if outcome is not None else None,
                 took_us=took_us.get(name),
                 group=_group_of(node),
             )

@@ -192,6 +192,22 @@ def test_wrapped_graph_has_one_node_per_declared_submodule(store: Store) -> None
     assert graph.kind_of("encoder") == "Encoder"
 
 
+def test_wrapped_graph_drawn_with_its_record_says_no_node_was_not_reached(store: Store) -> None:
+    """The record of a wrapped model holds the calls of its cached nodes only: the code
+    around them ran too, and a figure drawn with it draws that code without an outcome,
+    not as a node the call never came to."""
+    wrapped = _wrapped(store)
+    x = torch.randn(4, 6)
+    wrapped(x)
+    wrapped(x)
+    graph = wrapped.graph
+    assert graph.record is not None and graph.record.outcome == {"encoder": "recalled"}
+    fig = graph.figure(graph.record)
+    drawn = {box.name: box.outcome for box in fig.boxes}
+    assert drawn == {"fx_0": None, "encoder": "recalled", "fx_1": None}
+    assert "not reached" not in fig.svg()
+
+
 def test_checkpoints_move_between_wrapped_and_plain(store: Store) -> None:
     """A wrapped model's checkpoint loads into the plain model, and the plain one's back."""
     wrapped = _wrapped(store, seed=1)
