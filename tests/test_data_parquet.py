@@ -130,6 +130,16 @@ def ctx() -> Context:
     return Context(name="source")
 
 
+def _made_of(kind: str, table: pyarrow.Table, tmp_path: Path, store: Store) -> Any:
+    """What makes a source (called with its ``columns=``) over ``table``: bound in
+    ``store`` (``kind`` "store"), or written twice as the files of a directory."""
+    if kind == "store":
+        bound(store, table)
+        return partial(Parquet, store, "data/n")
+    write_dir(tmp_path / "d", [table, table])
+    return partial(ParquetDir, tmp_path / "d")
+
+
 class Count(Node):
     """How many rows a frame brought."""
 
@@ -286,12 +296,7 @@ def test_a_dotted_column_name_reads_that_column_only(
     """A column named ``a.b`` beside a struct column ``a`` with a field ``b`` is read alone:
     columns are picked out by their place in the file, not by Parquet's dotted leaf paths."""
     table = pyarrow.table({"a": pyarrow.array([{"b": "x"}, {"b": "y"}]), "a.b": [1, 2]})
-    if kind == "store":
-        bound(store, table)
-        make: Any = partial(Parquet, store, "data/n")
-    else:
-        write_dir(tmp_path / "d", [table, table])
-        make = partial(ParquetDir, tmp_path / "d")
+    make = _made_of(kind, table, tmp_path, store)
     dotted = make(columns=["a.b"]).forward({"at": 0, "take": 2}, ctx())
     assert dotted.columns == ["a.b"]
     assert dotted.column("a.b") == [1, 2]
@@ -299,6 +304,24 @@ def test_a_dotted_column_name_reads_that_column_only(
     assert both.columns == ["a.b", "a"]
     assert both.column("a") == [{"b": "y"}] + ([{"b": "x"}] if kind == "directory" else [])
     assert make(columns=["a"]).forward({"at": 0, "take": 2}, ctx()).columns == ["a"]
+
+
+@pytest.mark.parametrize("kind", ["store", "directory"])
+def test_columns_are_picked_beside_a_column_of_pyarrows_own_extension_type_over_many_leaves(
+    kind: str, tmp_path: Path, store: Store
+) -> None:
+    """A column of one of pyarrow's own extension types whose storage is written as several
+    Parquet leaves (`arrow.opaque` over a struct) counts those leaves, so the columns after
+    it are picked out as pyarrow picks them, rather than the file refused as one whose
+    leaves its schema cannot account for."""
+    inner = pyarrow.struct([("a", pyarrow.int32()), ("b", pyarrow.string())])
+    storage = pyarrow.array([{"a": 1, "b": "x"}, {"a": 2, "b": "y"}], inner)
+    opaque = pyarrow.ExtensionArray.from_storage(pyarrow.opaque(inner, "geo", "v"), storage)
+    table = pyarrow.table({"o": opaque, "n": [1, 2]})
+    make = _made_of(kind, table, tmp_path, store)
+    assert make(columns=["n"]).forward({"at": 0, "take": 2}, ctx()).column("n") == [1, 2]
+    both = make(columns=["n", "o"]).forward({"at": 1, "take": 1}, ctx())
+    assert both.to_arrow().equals(table.select(["n", "o"]).slice(1, 1))
 
 
 def test_a_row_group_read_as_other_columns_than_declared_is_refused(
@@ -859,6 +882,16 @@ def test_files_of_different_schemas_are_refused(tmp_path: Path) -> None:
     write_dir(tmp_path / "units", [measured("km", "a"), measured("mi", "a")])
     with pytest.raises(NotParquet, match=r"(?s)`part-001\.parquet` has columns .*mi"):
         ParquetDir(tmp_path / "units").forward({"at": 0, "take": 4}, ctx())
+
+    def wrapped(unit: str) -> pyarrow.Table:  # within a column of pyarrow's own extension type
+        inner = pyarrow.struct([pyarrow.field("km", pyarrow.int64(), metadata={"unit": unit})])
+        kind = pyarrow.opaque(inner, "trip", "v")
+        storage = pyarrow.array([{"km": 1}], inner)
+        return pyarrow.table({"trip": pyarrow.ExtensionArray.from_storage(kind, storage)})
+
+    write_dir(tmp_path / "wrapped", [wrapped("km"), wrapped("mi")])
+    with pytest.raises(NotParquet, match=r"`part-001\.parquet` has columns .*`trip`"):
+        ParquetDir(tmp_path / "wrapped").forward({"at": 0, "take": 4}, ctx())
 
 
 def test_files_of_different_schemas_are_told_apart_by_the_columns_that_differ(

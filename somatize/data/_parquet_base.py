@@ -198,7 +198,7 @@ def _leaf_count(kind: pyarrow.DataType) -> int:
     """How many Parquet leaf columns a column of type ``kind`` is written as."""
     if pyarrow.types.is_dictionary(kind):
         return 1
-    if isinstance(kind, pyarrow.ExtensionType):
+    if isinstance(kind, pyarrow.BaseExtensionType):  # pyarrow's own too: `arrow.opaque`
         return _leaf_count(kind.storage_type)
     if pyarrow.types.is_map(kind):
         return _leaf_count(kind.key_type) + _leaf_count(kind.item_type)

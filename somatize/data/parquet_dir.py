@@ -249,7 +249,7 @@ def _within(kind: pyarrow.DataType) -> list[pyarrow.Field]:
     """The fields within a column of type ``kind``."""
     if pyarrow.types.is_dictionary(kind):
         return _within(kind.value_type)
-    if isinstance(kind, pyarrow.ExtensionType):
+    if isinstance(kind, pyarrow.BaseExtensionType):
         return _within(kind.storage_type)
     return [kind.field(index) for index in range(kind.num_fields)]
 
