@@ -71,6 +71,35 @@ def test_a_time_finer_than_a_microsecond_is_refused_as_plain_values_saying_how_t
     assert whole.column("t") == [datetime.datetime(1970, 1, 1, microsecond=1)]
 
 
+@pytest.mark.parametrize(
+    "column",
+    [
+        pyarrow.array([0, 2**62], pyarrow.timestamp("us")),  # the year 146 thousand and more
+        pyarrow.array([0, 2**62], pyarrow.timestamp("ms", tz="UTC")),
+        pyarrow.array([0, -(2**40)], pyarrow.timestamp("s")),  # before the year 1
+        pyarrow.array([0, 2**30], pyarrow.date32()),
+        pyarrow.array([0, 2**60], pyarrow.date64()),
+        pyarrow.array([0, 2**60], pyarrow.duration("s")),
+        pyarrow.array([[0, 2**62]], pyarrow.list_(pyarrow.timestamp("us"))),
+    ],
+    ids=["timestamp", "timestamp with a time zone", "before year 1", "date32", "date64",
+         "duration", "in a list"],
+)  # fmt: skip
+def test_a_time_beyond_what_python_can_hold_is_refused_as_plain_values(
+    column: pyarrow.Array,
+) -> None:
+    """A time, date or duration Arrow holds beyond the years 1 to 9999 (a "forever" written
+    as the largest number, as some databases write it) has no plain Python value: column()
+    and rows() refuse it, saying to read it through Arrow, rather than raising Python's own
+    OverflowError."""
+    frame = Frame(pyarrow.table({"t": column, "n": [1] * len(column)}))
+    with pytest.raises(NotPlain, match=r"column `t` holds a time, date or duration .*to_arrow"):
+        frame.column("t")
+    with pytest.raises(NotPlain, match=r"this frame holds a time, date or duration"):
+        list(frame.rows())
+    assert frame.column("n") == [1] * len(column)
+
+
 @pytest.mark.parametrize("nested", [False, True], ids=["column", "in a list"])
 def test_an_interval_of_months_days_and_nanoseconds_is_refused_as_plain_values(
     nested: bool,

@@ -114,8 +114,8 @@ class NoPolars(DataError, ImportError):
 
 class NotPlain(DataError, ValueError):
     """Values asked for as plain Python (``column``, ``rows``) that have none: a time or a
-    duration to the nanosecond, which Python's ``datetime`` and ``timedelta`` cannot hold,
-    or an interval of months, days and nanoseconds."""
+    duration to the nanosecond, or beyond the years 1 to 9999, which Python's ``datetime``
+    and ``timedelta`` cannot hold, or an interval of months, days and nanoseconds."""
 
 
 def _holds(kind: pyarrow.DataType, test: Callable[[pyarrow.DataType], bool]) -> bool:
@@ -139,8 +139,9 @@ def _in_nanoseconds(kind: pyarrow.DataType) -> bool:
 def _plain(values: pyarrow.Table | pyarrow.ChunkedArray, what: str) -> list[Any]:
     """``values`` as plain Python values; NotPlain when a time or duration among them is finer
     than a microsecond (pyarrow hands those over as pandas values, and only where pandas is
-    installed), or when they hold intervals of months, days and nanoseconds (pyarrow hands
-    those over as a ``MonthDayNano`` of its own, which no other process can unpickle)."""
+    installed), or beyond the years Python's ``datetime`` holds, or when they hold intervals
+    of months, days and nanoseconds (pyarrow hands those over as a ``MonthDayNano`` of its
+    own, which no other process can unpickle)."""
     kinds = values.schema.types if isinstance(values, pyarrow.Table) else [values.type]
     if any(_holds(kind, pyarrow.types.is_interval) for kind in kinds):
         raise NotPlain(
@@ -151,6 +152,17 @@ def _plain(values: pyarrow.Table | pyarrow.ChunkedArray, what: str) -> list[Any]
         )
     try:
         plain: list[Any] = values.to_pylist()
+    except OverflowError:
+        if not any(_holds(kind, pyarrow.types.is_temporal) for kind in kinds):
+            raise
+        raise NotPlain(
+            f"{what} holds a time, date or duration beyond what Python's `datetime`, `date` "
+            "and `timedelta` hold (the years 1 to 9999, durations under a billion days; a "
+            'time written as the largest number, as some databases write "forever", is '
+            "beyond them), so it has no "
+            "plain Python value. Read it through `to_arrow()`, where it is the number Arrow "
+            "holds"
+        ) from None
     except ValueError:
         if not any(_holds(kind, _in_nanoseconds) for kind in kinds):
             raise
