@@ -613,9 +613,10 @@ def cache_in_place(callback: CacheFrozen, name: str, module: nn.Module, found: F
         )
     # A forward that finds the module unfrozen (by a hook that runs after this
     # callback's, at any batch) puts it back uncached instead of refusing it; so does one
-    # that finds it would run in train mode without the cache, its hooks' asks included.
+    # that finds it would run in train mode without the cache, its hooks' asks included;
+    # one run by the trainer without this callback (a tuner's trials) answers uncached.
     cached.when_unfrozen = callback._unfrozen
-    cached.runs_uncached = callback._in_train_mode
+    cached.runs_uncached = callback._runs_uncached
     # So does one handed a batch whose gradient or tangent its recalled rows would cut.
     cached.when_input_needs_grad = callback._input_needs_grad
     found.install(cached)

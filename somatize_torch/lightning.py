@@ -612,7 +612,7 @@ class CacheFrozen(Callback):
         uncache(self, owner, name, cached)
         return True
 
-    def _in_train_mode(self, cached: CachedRows) -> bool:
+    def _runs_uncached(self, cached: CachedRows) -> bool:
         """Asked by a cached module's forward before it keys a row — after every hook has
         asked its modes (``self.encoder.eval()`` in the LightningModule's
         ``on_train_batch_start``, which runs after this callback's) — whether the module
@@ -621,16 +621,30 @@ class CacheFrozen(Callback):
         (:func:`left_in_train_mode`), and the forward answers with the module itself, so
         that not even that batch is answered in eval. Not while prefilling, which runs in
         eval before any hook of the fit could put it there; nor for a module unfrozen too,
-        which the forward puts back itself (:meth:`_unfrozen`), saying so."""
+        which the forward puts back itself (:meth:`_unfrozen`), saying so.
+        While the trainer runs its loops without this callback (:meth:`_unheard`), the
+        forward answers with the module itself too, the cache left in place for the
+        batches after them."""
         name = next((n for n, c in self._cached.items() if c is cached), None)
         found = self._found.get(name) if name is not None else None
         if found is None or name is None or self._stage[0] == "prefill":
             return False
         parts = found.in_train_mode(cached.training)
-        if not parts or any(p.requires_grad for p in cached.module.parameters()):
-            return False
-        left_in_train_mode(self, name, cached, parts)
-        return True
+        if parts and not any(p.requires_grad for p in cached.module.parameters()):
+            left_in_train_mode(self, name, cached, parts)
+            return True
+        return self._unheard()
+
+    def _unheard(self) -> bool:
+        """Whether the trainer whose stage holds the caches in place runs its loops without
+        this callback among its own: a tuner's trials (``Tuner.lr_find`` and
+        ``scale_batch_size``, or the ``LearningRateFinder`` and ``BatchSizeFinder``
+        callbacks) hand it callbacks of their own while they run. None of this callback's
+        hooks runs there: what rows are keyed as (a validation's samples are not the
+        training samples of the same indices), and the module looked at again at each
+        stage's first batch, would be the last stage's."""
+        holder = self._holder() if self._holder is not None else None
+        return holder is not None and all(c is not self for c in getattr(holder, "callbacks", ()))
 
     def _input_needs_grad(self, cached: CachedRows, cut: str) -> bool:
         """Told by a cached module's forward that it is handed a batch whose derivatives

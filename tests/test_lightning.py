@@ -25,6 +25,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import BackboneFinetuning, BaseFinetuning, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.tuner import Tuner
 from torch import nn
 from torch.autograd import forward_ad
 
@@ -905,6 +906,50 @@ def test_a_validation_loader_prefilled_by_index_is_keyed_as_its_samples(tmp_path
             assert [e.rows.recalled for e in epochs(callbacks[0], "validate")] == [SAMPLES]
     (loss, head), (plain_loss, plain_head) = results
     assert loss == plain_loss and torch.equal(head, plain_head)
+
+
+class IndexedKeepingLosses(Indexed):
+    """Keeps each validation batch's loss, those of a tuner's trials too (whose logger is
+    a dummy)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.losses: list[float] = []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        x, y, index = batch
+        self.losses.append(
+            float(nn.functional.cross_entropy(self.head(self._features(x, index)), y))
+        )
+
+
+def test_a_tuners_trials_keyed_by_index_are_answered_as_without_the_callback(
+    tmp_path: Path,
+) -> None:
+    """``Tuner.lr_find`` runs the trainer's loops with its own callbacks in place of the
+    trainer's, so none of this callback's hooks runs in its trials: keyed by index under
+    the callback's version, a validation there would be answered with the training
+    samples of the same indices, and kept as them, for the fit after it to train on. The
+    cached module answers the trials itself, uncached: the losses they see and the head
+    the fit trains are those of a run without the callback."""
+    results = []
+    for callbacks in ([CacheFrozen(None, ["encoder"], key="index", version="toy@1")], []):
+        model = IndexedKeepingLosses()
+        images, labels = data(1)
+        train = torch.utils.data.DataLoader(
+            torch.utils.data.TensorDataset(images, labels, torch.arange(SAMPLES)),
+            batch_size=16,
+            shuffle=True,
+            generator=torch.Generator().manual_seed(7),
+        )
+        fit = trainer(tmp_path, 2, callbacks=callbacks, limit_train_batches=1)
+        Tuner(fit).lr_find(model, train, _indexed(2), num_training=2, early_stop_threshold=None)
+        tried = list(model.losses)
+        fit.fit(model, train, _indexed(2))
+        results.append((tried, model.losses, model.head.weight))
+    (tried, losses, head), (plain_tried, plain_losses, plain_head) = results
+    assert tried and tried == plain_tried
+    assert losses == plain_losses and torch.equal(head, plain_head)
 
 
 @pytest.mark.parametrize(
