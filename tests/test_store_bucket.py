@@ -4,6 +4,7 @@ downloads checked against their digest — against S3 on loopback where it matte
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
@@ -31,6 +32,7 @@ from somatize.store import (
     NameNotFound,
     StoreError,
 )
+from somatize.store.records import encode_record
 from tests.conftest_s3 import s3_options, s3_url
 from tests.forked import in_forked_child
 from tests.nodes import Largest, Rows, Scale
@@ -343,6 +345,48 @@ def test_damaged_download_is_refused() -> None:
     store.fs.pipe_file(store._blob_path(digest), b"forged! bytes")
     with pytest.raises(Corrupt, match="hashes to"):
         Store.on_bucket("memory://somatize/damaged").get(digest)
+
+
+@pytest.mark.parametrize("kept", ["packed", "alone"])
+def test_a_blob_cut_short_in_the_bucket_is_moved_to_quarantine(kept: str) -> None:
+    """A blob in the bucket cut short (fewer bytes than its pack index or record says) is
+    Corrupt when read and moved to quarantine/, as a blob damaged at its full size is: a
+    store object opened afterwards finds it gone (Missing, recomputed) rather than
+    downloading it again."""
+    url = s3_url()
+    writer = Store.on_bucket(url, **s3_options())
+    assert isinstance(writer, BucketStore)
+    items = [(key_of(f"cut {i}"), f"row {i} of the pack".encode()) for i in range(3)]
+    if kept == "packed":
+        writer.keep_many(items, "plain")
+    else:
+        writer.keep(*items[0], "plain")
+    [blob] = [path for path in objects(writer) if "/blobs/" in path]
+    writer.fs.pipe_file(blob, writer.fs.cat_file(blob)[:-2])
+    reader = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
+    with pytest.raises(Corrupt, match="where its answer says"):
+        reader.recall(items[0][0])
+    found = objects(writer)
+    assert blob not in found
+    assert [path for path in found if "/quarantine/blobs/" in path] != []
+    later = Store.on_bucket(url, **s3_options(), skip_instance_cache=True)
+    with pytest.raises(Missing):
+        later.recall(items[0][0])
+
+
+def test_a_whole_blob_whose_record_says_another_size_is_left_in_place() -> None:
+    """A blob that hashes to its digest, under a record that says another size (the record
+    is wrong, not the blob), is Corrupt when recalled and stays where it is: no answer that
+    shares the blob loses it."""
+    store = Store.on_bucket("memory://somatize/sized")
+    assert isinstance(store, BucketStore)
+    key = key_of("sized wrong")
+    answer = store.keep(key, b"hello world", "plain")
+    wrong = dataclasses.replace(answer, size=answer.size + 4)
+    store.fs.pipe_file(store._answer_path(key), encode_record(wrong, None))
+    with pytest.raises(Corrupt, match="the answer's record or pack index is damaged"):
+        Store.on_bucket("memory://somatize/sized").recall(key)
+    assert store.fs.cat_file(store._blob_path(answer.value)) == b"hello world"
 
 
 def test_a_blob_damaged_on_its_way_is_read_again_and_left_in_place(

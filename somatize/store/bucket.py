@@ -690,30 +690,37 @@ class BucketStore(BucketShelf):
         data = self._download(digest, size)
         if data is None:
             raise self._not_kept(f"blob {digest} is not in {self.url}")
-        if size is not None and len(data) != size:
-            raise Corrupt(
-                f"blob {digest} in {self.url} holds {len(data)} bytes where its answer says "
-                f"{size}: it was truncated or overwritten"
-            )
         found = hash_bytes(data)
         if found != digest:
             # Read once more before the blob is taken for damaged and moved aside: bytes
-            # damaged on their way (a link or proxy that flips them, with no TLS to tell)
-            # are not the blob's, and a blob bound to a name is computed again by no one.
+            # damaged or cut short on their way (a link or proxy that flips them, with no
+            # TLS to tell) are not the blob's, and a blob bound to a name is computed again
+            # by no one.
             again = self._download(digest, size)
-            if again is not None and len(again) == len(data) and hash_bytes(again) == digest:
+            if again is not None and hash_bytes(again) == digest:
                 found, data = digest, again
         if found != digest:
+            # Damaged at its full size or cut short, alike: moved aside, so that no store
+            # object opened later downloads it again, and the recompute writes it afresh.
+            said = f"blob {digest} downloaded from {self.url} hashes to {found}"
+            if size is not None and len(data) != size:
+                said += f" and holds {len(data)} bytes where its answer says {size}"
             unmoved = self._set_aside(digest)
             if unmoved is None:
                 raise Corrupt(
-                    f"blob {digest} downloaded from {self.url} hashes to {found}: it is "
-                    "damaged, and was moved to quarantine/ so that it is written afresh"
+                    f"{said}: it is damaged, and was moved to quarantine/ so that it is "
+                    "written afresh"
                 )
             raise Corrupt(
-                f"blob {digest} downloaded from {self.url} hashes to {found}: it is damaged, "
-                f"and {unmoved}. This store object writes it afresh when these bytes are kept "
-                "again"
+                f"{said}: it is damaged, and {unmoved}. This store object writes it afresh "
+                "when these bytes are kept again"
+            )
+        if size is not None and len(data) != size:
+            # The blob is whole (it hashes to its name): what says its size is wrong.
+            raise Corrupt(
+                f"blob {digest} in {self.url} holds {len(data)} bytes where its answer says "
+                f"{size}, though it hashes to its digest: the answer's record or pack index "
+                "is damaged, not the blob, which is left in place"
             )
         if self.cache is not None:
             with self.cache._keeping() as claims:  # a gc of the cache now waits, or spares it
