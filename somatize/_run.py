@@ -22,6 +22,7 @@ each recalled item is.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import sys
 import time
@@ -162,7 +163,7 @@ class _Run:
                 loaded[node] = value
                 continue
             keys = plan.items[node]
-            got = self.read(node, keys, static.fingerprint.get(node))
+            got = self.read(node, keys, static.fingerprint.get(node), len(keys))
             damaged = [key for key, value in zip(keys, got, strict=True) if value is _DAMAGED]
             if damaged:
                 plan.have.difference_update(damaged)
@@ -172,47 +173,76 @@ class _Run:
 
     def _read_one(self, node: str, key: str, fingerprint: str | None) -> Any:
         """The decoded answer under ``key``; ``_DAMAGED`` if it could not be used."""
+        value = self._decode(node, key, self._recalled(key), fingerprint)
+        if isinstance(value, _Unused):
+            self.emit({"fact": value.fact, "node": node, "key": key, "why": value.why})
+            return _DAMAGED
+        return value
+
+    def _recalled(self, key: str) -> Any:
+        """What the store recalls under ``key``: its answer and bytes, or why it has none
+        whole (Missing, Corrupt)."""
         store = self.store
         assert store is not None
         try:
-            got: Any = store.recall(key)
+            return store.recall(key)
         except (Missing, Corrupt) as error:
-            got = error
-        return self._decode(node, key, got, fingerprint)
+            return error
 
-    def read(self, node: str, keys: Sequence[str], fingerprint: str | None) -> list[Any]:
-        """The decoded answer under each of ``keys``, in their order; ``_DAMAGED`` for each
-        that could not be used. A key met again (two items alike) is decoded again, from a
-        copy of its bytes, so that each item recalled is an object of its own, in memory of
-        its own (a tensor decodes in place, over the bytes it is read from), as each
-        computed is."""
+    def read(self, node: str, keys: Sequence[str], fingerprint: str | None, of: int) -> list[Any]:
+        """The decoded answer under each of ``keys``, items of mapped ``node`` (handed ``of``
+        items), in their order; ``_DAMAGED`` for each that could not be used. A key met
+        again (two items alike) is decoded again, from a copy of its bytes, so that each
+        item recalled is an object of its own, in memory of its own (a tensor decodes in
+        place, over the bytes it is read from), as each computed is.
+
+        The items that cannot be used for one reason (the blob of their pack found damaged,
+        their codec not registered) are said in one fact, whose ``items`` says how many
+        (and ``of``, of how many handed): a damaged pack of 100,000 items is one
+        ``corrupt`` fact, not 100,000."""
         store = self.store
         assert store is not None
-        if len(keys) == 1:
-            return [self._read_one(node, keys[0], fingerprint)]
-        found = store.recall_many(keys)
-        damaged: set[str] = set()
+        found = {keys[0]: self._recalled(keys[0])} if len(keys) == 1 else store.recall_many(keys)
+        said: dict[_Unused, Fact] = {}
+        damaged: dict[str, Fact | None] = {}  # key → the fact saying so (None: said drifted)
         decoded: set[str] = set()
         out: list[Any] = []
         for key in keys:
-            value = _DAMAGED
-            if key not in damaged:  # one found damaged is not read, nor said so, again
+            if key in damaged:  # one found damaged is not read, nor said so, again
+                value = _DAMAGED
+            else:
                 got = found.get(key)
                 if key in decoded and isinstance(got, tuple):
                     got = (got[0], memoryview(bytearray(got[1])))
                 decoded.add(key)
                 value = self._decode(node, key, got, fingerprint)
-            if value is _DAMAGED:
-                damaged.add(key)
+                if isinstance(value, _Unused):
+                    if value not in said:
+                        said[value] = {
+                            "fact": value.fact,
+                            "node": node,
+                            "key": key,
+                            "why": value.why,
+                            "items": 0,
+                            "of": of,
+                        }
+                    damaged[key] = said[value]
+                    value = _DAMAGED
+                elif value is _DAMAGED:
+                    damaged[key] = None
+            if value is _DAMAGED and (fact := damaged[key]) is not None:
+                fact["items"] += 1
             out.append(value)
+        for fact in said.values():
+            self.emit(fact)
         return out
 
     def _decode(self, node: str, key: str, got: Any, fingerprint: str | None) -> Any:
-        """The value of one recalled answer, or ``_DAMAGED`` (with the fact that says why)."""
+        """The value of one recalled answer; why it cannot be used (:class:`_Unused`), for
+        the caller to say; or ``_DAMAGED``, where it is drifted and said so (``strict``)."""
         if not isinstance(got, tuple):
             problem = got if got is not None else Missing(key)
-            self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(problem)})
-            return _DAMAGED
+            return _Unused("corrupt", str(problem))
         answer, data = got
         drifted: tuple[str | None, str] | None = None  # the fingerprints kept with, and now
         if fingerprint and answer.fingerprint not in (None, fingerprint):
@@ -225,11 +255,9 @@ class _Run:
         try:
             value = CODECS.named(answer.codec).decode(data)
         except Unreadable as why:
-            self.emit({"fact": "unreadable", "node": node, "key": key, "why": str(why)})
-            return _DAMAGED
+            return _Unused("unreadable", str(why))
         except (ValueError, TypeError) as why:
-            self.emit({"fact": "corrupt", "node": node, "key": key, "why": str(why)})
-            return _DAMAGED
+            return _Unused("corrupt", str(why))
         if drifted is not None:  # noted once read: one unread is computed, not recalled
             self.drift[node] = drifted
         return value
@@ -625,7 +653,8 @@ class _Run:
         missing = list(range(count))
         if items is not None:
             present = [key for key in items if key in plan.have]
-            got = iter(self.read(node, present, static.fingerprint.get(node)) if present else ())
+            fingerprint = static.fingerprint.get(node)
+            got = iter(self.read(node, present, fingerprint, count) if present else ())
             missing = []
             for index, key in enumerate(items):
                 value = next(got) if key in plan.have else _DAMAGED
@@ -719,6 +748,18 @@ class _Run:
 
 
 _DAMAGED = object()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Unused:
+    """Why an answer read back cannot be used: the fact that says so (``corrupt``,
+    ``unreadable``) and what it says. Items of a mapped node unused alike (the items of one
+    damaged pack) are said in one fact."""
+
+    fact: str
+    why: str
+
+
 _NOTHING = object()
 """What an input held where a node put a value into what it was handed (a new key)."""
 

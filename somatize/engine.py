@@ -33,7 +33,10 @@ A node is ``spared`` when it does not run because nothing asked for needs it: on
 recalled nodes read it, or it is not above the outputs asked for (``outputs=``).
 
 A mapped node says ``items`` and ``of`` (the items the fact is about, and how many it
-was handed) in each of its ``ran``, ``kept`` and ``recalled`` facts. Handed no items
+was handed) in each of its ``ran``, ``kept`` and ``recalled`` facts, and in each
+``corrupt`` and ``unreadable`` fact: its items read back that cannot be used for one
+reason (the blob of the pack holding them found damaged) are one fact, whose ``key`` is
+the first of them — a damaged pack of 100,000 items is one fact, not 100,000. Handed no items
 it runs, trivially and without being called: ``ran`` with ``items`` 0. Handed
 something that is no list, or answering a list of another length than it was handed,
 it is ``failed``, and :class:`NodeFailed` says which.

@@ -323,6 +323,32 @@ def test_damaged_blob_is_recomputed_and_said(store: Store) -> None:
     assert top.calls == 2
 
 
+def test_a_damaged_pack_is_one_corrupt_fact_saying_how_many_items_it_held(
+    store: Store,
+) -> None:
+    """A mapped node's items read back from one damaged pack are said in one `corrupt`
+    fact, whose `items` and `of` say how many of the items handed it held (an item handed
+    twice counted twice, as `ran` counts it), not one fact per item; they all run again."""
+    square = Square()
+    g = Graph.somatize(square.named("square").frozen().mapped().cached())
+    handed = [*range(40), 7]
+    g.forward(handed, store=store)
+    [blob] = [blob for blob in (Path(store.root) / "blobs").rglob("*") if blob.is_file()]
+    data = bytearray(blob.read_bytes())
+    data[-1] ^= 0xFF
+    blob.write_bytes(bytes(data))
+    seen: list[dict[str, Any]] = []
+    assert g.forward(handed, store=Store(store.root), watching=seen.append) == [
+        i * i for i in handed
+    ]
+    said = [f for f in seen if f["fact"] == "corrupt"]
+    assert len(said) == 1, said
+    assert (said[0]["items"], said[0]["of"]) == (41, 41)
+    assert blob.name in said[0]["why"]
+    assert square.calls[-1] == list(range(40))
+    assert [(f["items"], f["of"]) for f in seen if f["fact"] == "ran"] == [(41, 41)]
+
+
 def test_failing_node_named_and_nothing_kept_below(store: Store) -> None:
     """A node that raises is named in the error; nothing is kept for it or below it."""
     below = Echo().named("below").frozen().cached()
