@@ -253,7 +253,11 @@ class _Run:
             self.emit(fact)
             return _DAMAGED
         try:
-            value = CODECS.named(answer.codec).decode(data)
+            codec = CODECS.named(answer.codec)
+        except CodecError as why:  # whole, kept by a codec not registered here: no damage
+            return _Unused("unreadable", str(why))
+        try:
+            value = codec.decode(data)
         except Unreadable as why:
             return _Unused("unreadable", str(why))
         except (ValueError, TypeError) as why:

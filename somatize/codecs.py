@@ -136,6 +136,11 @@ class Plain(Codec):
         return () if canonical.is_immutable(value) else None
 
 
+_CODEC_HOMES = {"arrow": "somatize.data", "tensor": "somatize.torch"}
+"""Where each codec the core does not hold is registered: importing the module registers
+it (a process reading a tensor answer has to ``import somatize.torch``)."""
+
+
 class Codecs:
     """Which codec writes which value: later registrations are asked first."""
 
@@ -157,21 +162,22 @@ class Codecs:
         return codec
 
     def named(self, name: str) -> Codec:
-        """The codec called ``name``; CodecError naming the known ones otherwise."""
+        """The codec called ``name``; CodecError naming the known ones, and what registers
+        ``name``, otherwise."""
         try:
             return self._by_name[name]
         except KeyError:
             known = ", ".join(sorted(self._by_name))
-            hint = (
-                " (`import somatize.torch` registers `tensor`)"
-                if name == "tensor"
-                else " (`import somatize.data` registers `arrow`)"
-                if name == "arrow"
-                else ""
+            home = _CODEC_HOMES.get(name)
+            todo = (
+                f"`import {home}` registers it"
+                if home is not None
+                else "register it with `somatize.CODECS.register(...)`"
             )
             raise CodecError(
-                f"no codec is called `{name}`; known: {known}{hint}. An answer written with it "
-                "cannot be read in this process until that codec is registered"
+                f"no codec is called `{name}` in this process (known: {known}): {todo}. What "
+                f"was written with the `{name}` codec (an answer kept in a store, a value from "
+                "a worker) cannot be read here until it is registered"
             ) from None
 
     def candidates(self, kind: type) -> list[Codec]:

@@ -45,7 +45,9 @@ An answer that was there when the store was asked but is damaged or gone when
 read is a miss: it is reported (``corrupt``), the plan is redone without it,
 and the node runs. So is an answer that is whole but cannot be read in this
 process (:class:`~somatize.codecs.Unreadable`: a class it names is not loaded
-here), reported as ``unreadable`` — nothing is damaged or set aside. Neither is said
+here; or the codec it was kept by is not registered here, as a tensor read without
+``import somatize.torch``, which its ``why`` says to import), reported as
+``unreadable`` — nothing is damaged or set aside. Neither is said
 ``drifted`` where another version of the code kept it: nothing drifted was recalled.
 A wrong answer is never returned. An answer computed that cannot be kept (no codec
 writes it, the store refuses it) is ``failed`` after ``ran``, and its error

@@ -349,6 +349,27 @@ def test_a_damaged_pack_is_one_corrupt_fact_saying_how_many_items_it_held(
     assert [(f["items"], f["of"]) for f in seen if f["fact"] == "ran"] == [(41, 41)]
 
 
+@pytest.mark.parametrize("codec", ["tensor", "arrow"])
+def test_an_answer_in_a_codec_not_registered_is_unreadable_not_corrupt(
+    store: Store, monkeypatch: pytest.MonkeyPatch, codec: str
+) -> None:
+    """An answer kept by a codec this process has not registered (a tensor, read without
+    `import somatize.torch`) is no damage: an `unreadable` fact saying what to import, the
+    node computed again, nothing set aside; read back once the codec is there."""
+    g, top, _ = _chain_kept(store)
+    [key] = [f["key"] for f in g.record.facts if f["fact"] == "kept"]
+    store.keep(key, store.recall(key)[1], codec)
+    monkeypatch.delitem(CODECS._by_name, codec, raising=False)
+    seen: list[dict[str, Any]] = []
+    assert g.forward({"at": 0, "take": 8}, store=Store(store.root), watching=seen.append) == 14.0
+    assert [f["fact"] for f in seen][:2] == ["unreadable", "ran"]
+    home = {"tensor": "somatize.torch", "arrow": "somatize.data"}[codec]
+    assert f"`import {home}`" in seen[0]["why"]
+    assert f"`{codec}` codec" in seen[0]["why"]
+    assert not (store.root / "quarantine").exists()
+    assert top.calls == 2
+
+
 def test_failing_node_named_and_nothing_kept_below(store: Store) -> None:
     """A node that raises is named in the error; nothing is kept for it or below it."""
     below = Echo().named("below").frozen().cached()

@@ -99,7 +99,7 @@ from somatize.catalog import (
     fingerprint_of,
     state_crosses,
 )
-from somatize.codecs import CODECS
+from somatize.codecs import _CODEC_HOMES, CODECS
 from somatize.node import Context, Node, digest_of, held_by
 from somatize.plan import static_of
 from somatize.store import Store, StoreError
@@ -122,14 +122,10 @@ _HOLDINGS = 4
 enough for a few graphs sharing an encoder at other weights, few enough that graphs long
 gone let theirs go."""
 
-_CODEC_HOMES = {"arrow": "somatize.data", "tensor": "somatize.torch"}
-"""Where a codec the core does not hold is registered, for a worker that has not
-imported it yet."""
-
 _CODEC_LIBRARIES = {"arrow": "pyarrow", "tensor": "torch"}
-"""The library whose values each codec of :data:`_CODEC_HOMES` writes: a process that
-holds such a value has imported it, and a worker whose node made one (a tensor from a list)
-may never have imported the codec's home."""
+"""The library whose values each codec of :data:`~somatize.codecs._CODEC_HOMES` writes: a
+process that holds such a value has imported it, and a worker whose node made one (a tensor
+from a list) may never have imported the codec's home."""
 
 
 @dataclass(frozen=True)
