@@ -1338,6 +1338,29 @@ def test_an_endpoint_that_is_no_url_is_refused_at_open(options: dict[str, Any]) 
 
 
 @pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"client_kwargs": "http://127.0.0.1:9000"}, "client_kwargs is 'http://127.0.0.1:9000'"),
+        ({"config_kwargs": "s3v4"}, "config_kwargs is 's3v4'"),
+        ({"key": 5}, "key is a `int`: the S3 client takes it as text"),
+        ({"secret": 5}, "secret is a `int`"),
+        ({"token": b"t"}, "token is a `bytes`"),
+        ({"client_kwargs": {"region_name": 1}}, r"client_kwargs\['region_name'\] is 1, a `int`"),
+    ],
+)
+def test_an_s3_option_of_another_kind_than_it_takes_is_refused_at_open(
+    options: dict[str, Any], said: str
+) -> None:
+    """An S3 option given as another kind of value than the client takes (client_kwargs as
+    a str, not a dict; a key as an int, not text) is refused when the store is opened,
+    naming the option and what it takes (never a credential's value), not by a bare
+    AttributeError or TypeError from the client at the first request."""
+    given = {**s3_options(), **options}
+    with pytest.raises(BadAddress, match=said):
+        Store.on_bucket(s3_url(), **given).put(b"x")
+
+
+@pytest.mark.parametrize(
     ("url", "said"),
     [
         ("s3:///features", "names no bucket"),

@@ -203,6 +203,58 @@ def _check_s3_path(url: str) -> None:
         )
 
 
+_S3_MAPPINGS = {
+    "client_kwargs": "keyword arguments for the S3 client, as "
+    '`client_kwargs={"endpoint_url": "http://localhost:9000"}`',
+    "config_kwargs": "settings of the client's botocore Config, as "
+    '`config_kwargs={"signature_version": "s3v4"}`',
+    "s3_additional_kwargs": "arguments added to each request, as "
+    '`s3_additional_kwargs={"ServerSideEncryption": "AES256"}`',
+}
+"""The S3 options that are dicts, and what each holds."""
+
+_S3_TEXTS = ("key", "secret", "token", "username", "password", "profile")
+"""The S3 options that are text (or None): credentials, and the profile that names them."""
+
+_S3_CLIENT_TEXTS = (
+    "region_name",
+    "aws_access_key_id",
+    "aws_secret_access_key",
+    "aws_session_token",
+)
+"""What ``client_kwargs`` holds that is text (or None)."""
+
+_SHOWN = ("profile", "region_name")
+"""The text options whose value an error shows: the others are credentials."""
+
+
+def _check_s3_kinds(url: str, storage_options: Mapping[str, Any]) -> None:
+    """Refuses an S3 option that is another kind of value than the client takes (a dict
+    given as a str, a key as an int), naming it, before any request: the client would fail
+    at the first one with a bare AttributeError or TypeError, or sign with it as it is. A
+    credential's value is never said."""
+    if not _on_s3(url):
+        return
+    for option, holds in _S3_MAPPINGS.items():
+        value = storage_options.get(option)
+        if value is not None and not isinstance(value, Mapping):
+            raise BadAddress(
+                f"{option} is {value!r}, a `{type(value).__name__}`: it is a dict of {holds}"
+            )
+    client = storage_options.get("client_kwargs") or {}
+    given = [(option, option, storage_options.get(option)) for option in _S3_TEXTS]
+    given += [
+        (f"client_kwargs[{option!r}]", option, client.get(option)) for option in _S3_CLIENT_TEXTS
+    ]
+    for said, option, value in given:
+        if value is not None and not isinstance(value, str):
+            shown = f"{value!r}, " if option in _SHOWN else ""
+            raise BadAddress(
+                f"{said} is {shown}a `{type(value).__name__}`: the S3 client takes it as "
+                "text; pass it as a str"
+            )
+
+
 def _check_endpoint(url: str, storage_options: Mapping[str, Any]) -> None:
     """Refuses an S3 endpoint that is no http(s) URL with a host, naming the option, before
     any request: the client would raise a bare ValueError at the first one."""
@@ -393,6 +445,7 @@ class BucketStore(BucketShelf):
             if "://" in url and "::" not in url:
                 _check_s3_path(url)
             _check_bucket(url, self.root.lstrip("/").split("/", 1)[0])
+            _check_s3_kinds(url, storage_options)
             _check_endpoint(url, storage_options)
         self.signer: Signer | None = signer_from(signing_key)
         self.retries = retries
