@@ -1820,6 +1820,39 @@ def test_an_archive_that_cannot_be_opened_is_a_store_error(tmp_path: Path, name:
         Store(url)
 
 
+@pytest.mark.parametrize("named_by", ["AWS_CA_BUNDLE", "verify"])
+def test_a_ca_bundle_that_is_no_file_is_said_at_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, named_by: str
+) -> None:
+    """A CA bundle named (by AWS_CA_BUNDLE, or `client_kwargs={"verify": path}`) that is no
+    file is a StoreError naming it when the store is opened, not the bucket said unreachable
+    after every retry of the first request."""
+    bundle = tmp_path / "missing-ca.pem"
+    options = s3_options()
+    if named_by == "AWS_CA_BUNDLE":
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(bundle))
+    else:
+        options = {**options, "client_kwargs": {**options["client_kwargs"], "verify": str(bundle)}}
+    with pytest.raises(StoreError, match=rf"{named_by}.*{re.escape(str(bundle))}.* no file"):
+        Store.on_bucket(s3_url(), **options, skip_instance_cache=True)
+
+
+def test_a_ca_bundle_its_config_file_names_that_is_no_file_is_said_at_the_first_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CA bundle that the client's config file names, and that is no file, is a
+    StoreError at the first request, made once, saying a file the client reads is missing,
+    not the bucket said unreachable after every retry."""
+    _cli_s3(monkeypatch, tmp_path)
+    config = tmp_path / "config"
+    config.write_text(f"[default]\nca_bundle = {tmp_path / 'missing-ca.pem'}\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    store = Store.on_bucket(s3_url(), backoff=0.0)
+    with pytest.raises(StoreError, match="CA bundle") as raised:
+        store.have([key_of("any")])
+    assert "missing" in str(raised.value) and "unreachable" not in str(raised.value)
+
+
 @pytest.mark.parametrize(
     ("setting", "said"),
     [

@@ -140,10 +140,24 @@ the client's settings in the environment and its config file (``AWS_PROFILE``, `
 
 def _misconfigured(error: BaseException) -> bool:
     """Whether ``error`` says the client cannot be made from its settings (botocore's
-    :data:`_MISCONFIGURED`): every request would fail alike, whatever is asked again."""
+    :data:`_MISCONFIGURED`, or a file they name missing: :func:`_file_missing`): every
+    request would fail alike, whatever is asked again."""
     exceptions = sys.modules.get("botocore.exceptions")
     kinds = tuple(getattr(exceptions, name, None) for name in _MISCONFIGURED)
-    return isinstance(error, tuple(kind for kind in kinds if isinstance(kind, type)))
+    return isinstance(error, tuple(kind for kind in kinds if isinstance(kind, type))) or (
+        _file_missing(error)
+    )
+
+
+def _file_missing(error: BaseException) -> bool:
+    """Whether ``error`` says the HTTP client could not read a file its settings name, which
+    it reads before it connects (botocore's ``HTTPClientError`` of a FileNotFoundError: a CA
+    bundle or client certificate that is no file). It is an OSError of no network, so
+    :func:`_transient` would take it for the bucket unreachable."""
+    if type(error).__name__ != "HTTPClientError":
+        return False
+    cause = getattr(error, "kwargs", {}).get("error")
+    return isinstance(cause, (FileNotFoundError, IsADirectoryError, NotADirectoryError))
 
 
 def _misaddressed(error: BaseException) -> bool:
@@ -356,6 +370,14 @@ class BucketRequests(PackedHome):
         )
 
     def _misconfigured(self, what: str, why: BaseException) -> StoreError:
+        if _file_missing(why):
+            return StoreError(
+                f"{what} on {self.url} could not be asked: a file the client reads before it "
+                f"connects is missing ({why}). It is the CA bundle the client trusts (named by "
+                "AWS_CA_BUNDLE, `ca_bundle` in its config file, or "
+                "`client_kwargs={'verify': ...}`) or its client certificate (`client_cert`): "
+                "point that setting at the file, or unset it"
+            )
         return StoreError(
             f"{what} on {self.url} could not be asked: the client cannot be made from its "
             f"settings ({type(why).__name__}: {why}). Check the storage options given to "

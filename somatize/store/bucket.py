@@ -255,6 +255,25 @@ def _check_s3_kinds(url: str, storage_options: Mapping[str, Any]) -> None:
             )
 
 
+def _check_ca_bundle(url: str, storage_options: Mapping[str, Any]) -> None:
+    """Refuses a CA bundle named for the S3 client (``client_kwargs={"verify": path}``, else
+    ``AWS_CA_BUNDLE``) that is no file, naming it, before any request: the client reads it
+    before it connects, and its bare "No such file or directory" would be taken for the
+    bucket unreachable. One its config file names is said at the first request."""
+    if not _on_s3(url):
+        return
+    client = storage_options.get("client_kwargs") or {}
+    named, bundle = "client_kwargs['verify']", client.get("verify")
+    if bundle is None:  # the client reads AWS_CA_BUNDLE only then
+        named, bundle = "AWS_CA_BUNDLE", os.environ.get("AWS_CA_BUNDLE")
+    if isinstance(bundle, str) and bundle and not os.path.isfile(bundle):
+        raise StoreError(
+            f"{named} names {bundle!r}, which is no file: the S3 client reads the "
+            "certificates it trusts from it before any request. Point it at a CA bundle (a "
+            "PEM file), or leave it unset to trust the default ones"
+        )
+
+
 def _check_endpoint(url: str, storage_options: Mapping[str, Any]) -> None:
     """Refuses an S3 endpoint that is no http(s) URL with a host, naming the option, before
     any request: the client would raise a bare ValueError at the first one."""
@@ -447,6 +466,7 @@ class BucketStore(BucketShelf):
             _check_bucket(url, self.root.lstrip("/").split("/", 1)[0])
             _check_s3_kinds(url, storage_options)
             _check_endpoint(url, storage_options)
+            _check_ca_bundle(url, storage_options)
         self.signer: Signer | None = signer_from(signing_key)
         self.retries = retries
         self.backoff = backoff
