@@ -12,6 +12,8 @@ from somatize.figure import Figure
 from somatize.figure.style import _BADGE_H, _human_bytes
 from tests.nodes import Add, Echo, Fails, Largest, Rows, Scale
 
+SVG = "{http://www.w3.org/2000/svg}"
+
 
 def _seed_graph() -> Graph:
     g = Graph.somatize(
@@ -232,3 +234,21 @@ def test_a_figure_group_that_is_no_str_draws_no_group() -> None:
     )
     groups = {box.name: box.group for box in g.figure().boxes}
     assert groups == {"src": None, "enc": None, "head": "heads"}
+
+
+@pytest.mark.parametrize("salt", ["v1\nv2", "v1\tv2", "v1\u2028v2"])
+def test_a_salt_that_breaks_a_line_is_shown_escaped_on_one_line(salt: str) -> None:
+    """A salt holding a line break (a tab, a line separator) is shown as Python writes it,
+    quoted and escaped on one line, in its box's badge and tooltip, as `print(g)` shows it:
+    never as two lines, nor as another salt that reads alike."""
+    g = Graph.somatize(
+        Rows().named("rows").frozen() >> Largest().named("top").frozen().cached(salt)
+    )
+    box = next(
+        b for b in ET.fromstring(g.figure().svg()).iter(f"{SVG}g") if b.get("data-name") == "top"
+    )
+    title = box.find(f"{SVG}title")
+    assert title is not None and title.text is not None
+    assert f"salt: {salt!r}" in title.text.splitlines()
+    assert f"cached · {salt!r}" in [t.text for t in box.iter(f"{SVG}text")]
+    assert f"cached(salt={salt!r})" in str(g)

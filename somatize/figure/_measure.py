@@ -39,6 +39,7 @@ from .style import (
     _fit,
     _fit_apart,
     _human_time,
+    _salt_shown,
     _text_width,
 )
 
@@ -61,7 +62,7 @@ def _badge_texts(box: Box) -> list[tuple[str, str]]:
             text = f"ran {_human_time(box.took_us)}"
         out.append((text, "outcome"))
     state = None if box.state is None else _fit(box.state, 12, len, middle=False)
-    salt = None if box.salt is None else _fit(box.salt, 16, len, middle=False)
+    salt = None if box.salt is None else _fit(_salt_shown(box.salt), 16, len, middle=False)
     if "frozen" in box.marks:
         out.append(("frozen" if state is None else f"frozen · {state}", "frozen"))
     elif state is not None:

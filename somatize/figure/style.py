@@ -212,6 +212,21 @@ def _text_width(text: str, size: float, bold: bool = False) -> float:
     return units * size / 1000.0 * (1.14 if bold else 1.05)
 
 
+_LINE_BREAKING = frozenset(("Cc", "Zl", "Zp"))
+"""The categories of characters that break or control a line: control characters (a
+newline, a tab), and the line and paragraph separators (U+2028, U+2029)."""
+
+
+def _salt_shown(salt: str) -> str:
+    """``salt`` as a box shows it: as it is, or, where it holds a character that breaks or
+    controls a line, as Python writes it, quoted and escaped on one line (``'v1\\nv2'``), as
+    ``print(g)`` shows it: a node's name cannot hold such a character, a salt can, and it
+    would show as two lines, or as another salt that reads alike."""
+    if salt.isprintable() or all(unicodedata.category(ch) not in _LINE_BREAKING for ch in salt):
+        return salt
+    return repr(salt)
+
+
 def _fit(text: str, max_w: float, measure: Callable[[str], float], middle: bool = True) -> str:
     """Shorten ``text`` with an ellipsis until ``measure`` says it fits in ``max_w``."""
     if measure(text) <= max_w:

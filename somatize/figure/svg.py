@@ -45,6 +45,7 @@ from .style import (
     _badge_colours,
     _box_colours,
     _human_time,
+    _salt_shown,
     _stripe_path,
     _text_width,
 )
@@ -103,7 +104,7 @@ def _tooltip(box: Box) -> str:
     if box.state is not None:
         lines.append(f"state: {box.state}")
     if box.salt is not None:
-        lines.append(f"salt: {box.salt}")
+        lines.append(f"salt: {_salt_shown(box.salt)}")
     if box.worker is not None:
         lines.append(f"worker: {box.worker}")
     if box.outcome is not None:
