@@ -337,6 +337,37 @@ def test_stores_opening_a_new_cache_folder_at_once_bind_it_to_one(
     assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.endswith(".part")] == []
 
 
+def test_a_cache_folder_opened_on_a_full_disk_is_bound_once_it_has_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new cache folder whose file naming its bucket store could not be written as the
+    store was opened (its disk full) is bound by that store's first copy into it once there
+    is room, and then refused to a store of another prefix: left unbound, the next store to
+    come would take it and be handed the first one's answers, which it never kept. While it
+    cannot be bound, nothing is copied into it, and keeping goes on."""
+    base = f"memory://somatize/{key_of('full as opened')[7:19]}"
+    cache = tmp_path / "cache"
+
+    def full(fd: int, *args: Any, **kwargs: Any) -> Any:
+        os.close(fd)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as disk:
+        disk.setattr(os, "fdopen", full)
+        first = Store.on_bucket(f"{base}/first", cache=cache)
+        early = key_of("kept while the disk was full")
+        first.keep(early, b"an early answer", "plain")
+    assert isinstance(first, BucketStore) and first.cache is not None
+    assert first.cache.have([early]) == set()
+    key = key_of("kept once there was room")
+    first.keep(key, b"the first's answer", "plain")
+    assert first.cache.have([key]) == {key}
+    assert (cache / "bucket").read_text() == f"memory:///{base.removeprefix('memory://')}/first\n"
+    with pytest.raises(BadAddress, match="its own cache folder"):
+        Store.on_bucket(f"{base}/other", cache=cache)
+    assert bytes(first.recall(early)[1]) == b"an early answer"
+
+
 def test_damaged_download_is_refused() -> None:
     """A blob whose bytes in the bucket no longer match its digest is Corrupt, not returned."""
     store = Store.on_bucket("memory://somatize/damaged")

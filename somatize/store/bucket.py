@@ -350,16 +350,20 @@ def _write_mark(mark: str, address: str) -> bool:
     return True
 
 
-def _bind_cache(cache: LocalStore, address: str) -> None:
+def _bind_cache(cache: LocalStore, address: str) -> bool:
     """Binds the cache folder of ``cache`` to the bucket store at ``address``: a folder not
     yet bound (new, or made before folders were bound) is bound now; one bound to another
-    address is refused with :class:`BadAddress`, since its answers are another store's."""
+    address is refused with :class:`BadAddress`, since its answers are another store's.
+    False where the folder is left unbound, its file not written (a read-only or full
+    disk): nothing is copied into it until it is bound."""
     mark = os.path.join(cache.root, _CACHE_MARK)
     bound = _read_mark(mark)
     if bound is None and _write_mark(mark, address):
         bound = _read_mark(mark)
-    if bound is None or bound == f"{address}\n":
-        return
+    if bound is None:
+        return False
+    if bound == f"{address}\n":
+        return True
     if not bound.endswith("\n"):
         raise BadAddress(
             f"the cache folder {cache.root} names no bucket store whole in {mark} (a process "
@@ -395,6 +399,8 @@ class BucketStore(BucketShelf):
     the rest goes to the fsspec filesystem."""
 
     _sections: tuple[str, ...] = (*SECTIONS, "used")
+    _cache_bound = False
+    """Whether the cache folder in front is bound to this store (see :meth:`_fill_cache`)."""
 
     def __init__(
         self,
@@ -582,24 +588,41 @@ class BucketStore(BucketShelf):
         store: its bucket and prefix, and the server — the same bucket's name on another
         S3-compatible server is another bucket, whose answers the cache must not hand."""
         opened = LocalStore(cache, signing_key=self.signer)
+        self._cache_bound = _bind_cache(opened, self._cache_address())
+        return opened
+
+    def _cache_address(self) -> str:
+        """What the cache folder's file names this store by: its bucket and prefix, and the
+        server where the options or the environment name one."""
         address = self.fs.unstrip_protocol(self.root)
         server = _server_of(self.url, self.storage_options)
-        _bind_cache(opened, address if server is None else f"{address} at {server}")
-        return opened
+        return address if server is None else f"{address} at {server}"
 
     def _fill_cache(self, fill: Callable[..., None], *args: Any) -> None:
         """Copies something into the cache in front; a copy that cannot be made (a full
         disk, a tmp/ removed by another process) is skipped, never an error: the bucket
         holds it, and the cache only saves requests. A cache folder removed meanwhile (a
         user clearing it), which its store object refuses to write into, is made again
-        and bound to this store, as when it was opened, and the copy made there."""
+        and bound to this store, as when it was opened, and the copy made there. One left
+        unbound as it was opened (its disk full then) is bound before the first copy into
+        it, and nothing is copied while it cannot be, nor once another store bound it
+        meanwhile: left to the next store to come, the copies would be answers handed to a
+        store that never kept them."""
+        if self.cache is None:
+            return
         try:
-            fill(*args)
-        except StoreError:
-            if self.cache is None or self.cache.root.is_dir():
+            if not self._cache_bound:
+                self._cache_bound = _bind_cache(self.cache, self._cache_address())
+            if self._cache_bound:
+                fill(*args)
                 return
-            with contextlib.suppress(StoreError):
-                self._cache_at(self.cache.root)
+        except StoreError:
+            pass
+        if self.cache.root.is_dir():
+            return
+        with contextlib.suppress(StoreError):
+            self._cache_at(self.cache.root)
+            if self._cache_bound:
                 fill(*args)
 
     def _claim(self, digest: str, claims: list[str]) -> None:
