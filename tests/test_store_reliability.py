@@ -828,21 +828,32 @@ def _read_only(*args: Any, **kwargs: Any) -> Any:
     raise OSError(errno.EROFS, "Read-only file system")
 
 
+def _full(*args: Any, **kwargs: Any) -> Any:
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 def _mount_read_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Makes every write, rename, removal and touch fail as on a read-only filesystem (as
     root, permissions would not stop a write, so the refusal is simulated)."""
+    _refuse_writes(monkeypatch, _read_only)
+    for name in ("utime", "unlink", "replace", "rename"):
+        monkeypatch.setattr(os, name, _read_only)
+
+
+def _refuse_writes(monkeypatch: pytest.MonkeyPatch, refuse: Callable[..., Any]) -> None:
+    """Makes every file opened for writing by the local store, and every folder made,
+    fail with what ``refuse`` raises: on a full disk, only that fails."""
     real_open = open
 
     def opened(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
         if set(mode) & set("wax+"):
-            _read_only()
+            refuse()
         return real_open(file, mode, *args, **kwargs)
 
     for module in ("local", "_local_files", "_local_upkeep"):  # the modules of the local store
         for name in ("open", "open_file"):
             monkeypatch.setattr(f"somatize.store.{module}.{name}", opened, raising=False)
-    for name in ("utime", "unlink", "replace", "rename", "mkdir"):
-        monkeypatch.setattr(os, name, _read_only)
+    monkeypatch.setattr(os, "mkdir", refuse)
 
 
 def test_a_read_only_store_refuses_writes_clearly(
@@ -892,13 +903,15 @@ def test_a_forward_into_a_store_it_cannot_write_runs_nothing(
         assert g.forward([1.0, 2.0], store=store) == 4.0
 
 
-def test_a_read_only_store_without_its_empty_folders_is_read(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("disk", ["read-only", "full"])
+def test_a_store_without_its_empty_folders_that_cannot_be_written_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], disk: str
 ) -> None:
-    """A store this process may not write that lacks its empty packs/ and tmp/ (copied by a
-    tool that drops empty folders: `aws s3 sync`, git) is opened and read, by the library
-    and by every command of the command line; a write to it says the store is read-only.
-    Once it may be written, the folders are made when a write needs them."""
+    """A store this process may not write, or on a disk too full to make a folder on, that
+    lacks its empty packs/ and tmp/ (copied by a tool that drops empty folders: `aws s3
+    sync`, git) is opened and read, by the library and by every command of the command
+    line; a write to it says the store is read-only, or that no space is left. Once it may
+    be written, the folders are made when a write needs them."""
     from somatize.cli import main
 
     root = tmp_path / "store"
@@ -908,14 +921,18 @@ def test_a_read_only_store_without_its_empty_folders_is_read(
     store.close()
     (root / "packs").rmdir()
     (root / "tmp").rmdir()
-    _mount_read_only(monkeypatch)
+    if disk == "read-only":
+        _mount_read_only(monkeypatch)
+    else:
+        _refuse_writes(monkeypatch, _full)
     fresh = LocalStore(root)
     assert fresh.have([kept.key]) == {kept.key}
     assert bytes(fresh.recall(kept.key)[1]) == b"kept before"
     assert bytes(fresh.get(fresh.resolve("data/v1"))) == b"rows"
     for command in (["ls"], ["du"], ["verify"], ["show", kept.key], ["show", "data/v1"]):
         assert main(["store", *command, "--store", str(root)]) == 0, capsys.readouterr().err
-    with pytest.raises(StoreError, match="the store is read-only for this process"):
+    said = "the store is read-only for this process" if disk == "read-only" else "no space left"
+    with pytest.raises(StoreError, match=said):
         fresh.keep(key_of("new"), b"new bytes", "plain")
     monkeypatch.undo()
     assert not (root / "packs").exists() and not (root / "tmp").exists()

@@ -90,6 +90,9 @@ _AHEAD = 2
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 """What the filesystem says when this process may not change the store (a read-only disk,
 another user's files)."""
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+"""What the filesystem says when it has no room left for this process (a full disk, a
+quota reached)."""
 _VERIFIED_HELD = 1 << 16
 """How many blobs a store remembers having hashed to their digests (by their files'
 stamps), so that one read again is not hashed again: a process that keeps or reads an
@@ -416,7 +419,7 @@ class LocalFiles(PackedHome):
         gone = self._gone(f"write {where} into")
         if gone is not None and isinstance(why, FileNotFoundError):
             return gone
-        if why.errno in (errno.ENOSPC, errno.EDQUOT):
+        if why.errno in _FULL:
             return StoreFull(
                 f"could not write {where} into {self.root}: no space left ({why.strerror}). "
                 "Nothing half-written was left and the store is as it was; free space, or "

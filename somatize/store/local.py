@@ -60,6 +60,7 @@ from typing import Any
 
 from somatize._threads import hash_read
 from somatize.store._local_files import (
+    _FULL,
     _READ_ONLY,
     NotAFile,
     Stamp,
@@ -243,10 +244,11 @@ class LocalStore(LocalShelf):
             try:
                 (self.root / part).mkdir(parents=True, exist_ok=True)
             except OSError as why:
-                if why.errno in _READ_ONLY and self.root.is_dir():
-                    # A store this process may not write, copied without its empty folders
-                    # (`aws s3 sync`, git): it is read as it is, and a write that needs a
-                    # folder makes it then, or says the store is read-only.
+                if why.errno in (*_READ_ONLY, *_FULL) and self.root.is_dir():
+                    # A store this process may not write, or on a disk with no room for a
+                    # folder, copied without its empty folders (`aws s3 sync`, git): it is
+                    # read (and collected) as it is, and a write that needs a folder makes it
+                    # then, or says the store is read-only, or full.
                     continue
                 above = next((at for at in (self.root, *self.root.parents) if at.exists()), None)
                 if above is not None and not above.is_dir():
