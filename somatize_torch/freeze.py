@@ -842,8 +842,9 @@ class ModuleNode(Node):
     def _keyed_autocast(self, ctx: Any) -> contextlib.AbstractContextManager[Any]:
         """Where the node names the precision it runs in, is frozen (its declaration then
         taken again at each call where that changed) and runs on a local worker (a thread,
-        which the caller's autocast does not reach): the autocast its key named, if another
-        is in force there, so that the answer kept under the key is computed as it says.
+        handed the autocast of the thread that called the forward, which may be another
+        than the one its key named last): the autocast its key named, if another is in
+        force there, so that the answer kept under the key is computed as it says.
         Where the graph is called, the caller's own autocast is the one its forward keyed
         the node by: the one named last may be another thread's, whose forward of the same
         graph in another precision took the node's declaration since. A node not frozen

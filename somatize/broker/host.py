@@ -246,24 +246,40 @@ def _grad_mode(on: bool) -> AbstractContextManager[Any]:
 
 
 def callers_modes() -> Callable[[], AbstractContextManager[Any]]:
-    """What enters, on another thread (a worker's), the grad mode and inference mode of the
-    thread that calls this (``torch.no_grad()``, ``torch.inference_mode()``), which torch
-    keeps per thread: what runs or is decoded there is as it would be where the graph is
-    called. Nothing where torch is not imported, and no tensor either."""
+    """What enters, on another thread (a worker's), the grad mode, inference mode and
+    autocast of the thread that calls this (``torch.no_grad()``,
+    ``torch.inference_mode()``, ``torch.autocast(...)``), which torch keeps per thread:
+    what runs or is decoded there is as it would be where the graph is called. Nothing
+    where torch is not imported, and no tensor either."""
     torch = sys.modules.get("torch")
     if torch is None:
         return nullcontext
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-    return lambda: _in_modes(grad, inference)
+    cache = torch.is_autocast_cache_enabled()
+    autocast = [
+        (device, torch.get_autocast_dtype(device))
+        for device in _AUTOCAST_DEVICES
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+    ]
+    return lambda: _in_modes(grad, inference, autocast, cache)
 
 
-def _in_modes(grad: bool, inference: bool) -> AbstractContextManager[Any]:
-    """Grad mode ``grad`` and inference mode ``inference``, entered now in this thread and
-    left as the context is (torch is imported)."""
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "privateuseone")
+"""The device types torch may run autocast on, each looked at in the caller's thread."""
+
+
+def _in_modes(
+    grad: bool, inference: bool, autocast: Sequence[tuple[str, Any]] = (), cache: bool = True
+) -> AbstractContextManager[Any]:
+    """Grad mode ``grad``, inference mode ``inference`` and autocast on each device type of
+    ``autocast`` in its dtype (caching casts as ``cache`` says), entered now in this thread
+    and left as the context is (torch is imported)."""
     torch = sys.modules["torch"]
     entered = ExitStack()
     entered.enter_context(torch.inference_mode(inference))
     entered.enter_context(torch.set_grad_enabled(grad))  # sets it as it is made: here
+    for device, dtype in autocast:
+        entered.enter_context(torch.autocast(device, dtype=dtype, cache_enabled=cache))
     return entered
 
 
