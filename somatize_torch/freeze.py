@@ -1051,8 +1051,9 @@ def _refuse_precision_not_sent(node: ModuleNode) -> None:
     kind = type(node.module).__qualname__
     raise Unbuildable(
         f"the `{kind}` is called under autocast ({named['autocast']}), which its key names, "
-        "and autocast does not reach a worker that rebuilds it in another process: it would "
-        "compute there an answer the key does not describe. Call it outside "
+        "and a worker that rebuilds it in another process rebuilds and checks its copy out "
+        "of autocast, in the precision of its own: the copy would not be the node the key "
+        "describes. Call it outside "
         "`torch.autocast`, enter autocast inside the module's forward, or place the node on "
         'a `Worker.generic(mode="local")` worker'
     )

@@ -21,6 +21,13 @@ from torch import nn
 from somatize import Graph, Node
 
 
+class Products(Node):
+    """Answers its input (a matrix) times itself transposed: a product autocast lowers."""
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return x @ x.T
+
+
 class Nap(Node):
     """Sleeps ``seconds`` (first touching ``marker``, when given), then hands its input on."""
 

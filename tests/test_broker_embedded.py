@@ -72,6 +72,7 @@ from tests.broker_nodes import (
     Normed,
     Overlap,
     Picks,
+    Products,
     Projected,
     RaisesUnprintable,
     Ramp,
@@ -485,13 +486,6 @@ def test_a_local_worker_runs_its_node_in_the_caller_s_grad_mode() -> None:
     assert linear.weight.grad is not None
 
 
-class _Products(Node):
-    """Answers its input times itself transposed: a product autocast lowers."""
-
-    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
-        return x @ x.T
-
-
 def test_a_local_worker_runs_its_node_under_the_caller_s_autocast() -> None:
     """A node on a local worker runs under the autocast of the thread that called the
     forward, as with no broker: torch keeps autocast per thread, as it keeps grad mode, and
@@ -502,7 +496,7 @@ def test_a_local_worker_runs_its_node_under_the_caller_s_autocast() -> None:
     x = torch.randn(4, 3)
     linear = nn.Linear(3, 2)
     local = Broker.embedded({"w1": Worker.generic(mode="local")})
-    for placed in (_Products().named("p").at("w1"), ModuleNode(linear).named("enc").at("w1")):
+    for placed in (Products().named("p").at("w1"), ModuleNode(linear).named("enc").at("w1")):
         g = Graph.somatize(Echo().named("s") >> placed)
         with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
             here = g.forward(x)
@@ -512,6 +506,27 @@ def test_a_local_worker_runs_its_node_under_the_caller_s_autocast() -> None:
         assert here.dtype == there.dtype == torch.bfloat16 and torch.equal(there, here)
         assert off.dtype == torch.float32 and torch.equal(off, g.forward(x))
     local.close()
+
+
+def test_a_network_worker_runs_its_node_under_the_caller_s_autocast() -> None:
+    """A node on a network worker runs under the autocast of the thread that called the
+    forward, as it runs in its grad mode: the job names it, and the worker's thread (a Ray
+    actor's process) enters it. Under ``torch.autocast("cpu", dtype=torch.bfloat16)`` a
+    plain node's product there was computed in float32, where the same graph with no
+    broker answers in bfloat16."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3)
+    g = Graph.somatize(Echo().named("s") >> Products().named("p").at("w1"))
+    network = Broker.embedded({"w1": Worker.generic(mode="network")})
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        here = g.forward(x)
+        there = g.forward(x, broker=network)
+        with torch.autocast("cpu", enabled=False):
+            off = g.forward(x, broker=network)
+    assert here.dtype == there.dtype == torch.bfloat16 and torch.equal(there, here)
+    assert off.dtype == torch.float32 and torch.equal(off, g.forward(x))
+    assert g.forward(x, broker=network).dtype == torch.float32  # and none after it
+    network.close()
 
 
 def test_a_network_worker_runs_its_node_in_the_caller_s_grad_mode(

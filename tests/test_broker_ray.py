@@ -42,6 +42,7 @@ from tests.broker_nodes import (
     MakesBlob,
     Meet,
     Nap,
+    Products,
     RaisesBase,
     RaisesOwn,
     RaisesUnprintable,
@@ -130,6 +131,21 @@ def test_the_seed_graph_on_ray(broker: Any) -> None:
     crossed = {(f.get("from"), f["node"]): f["bytes"] for f in seen if f["fact"] == "crossed"}
     assert set(crossed) == {("sms", "clean"), ("clean", "widest")}
     assert all(size > 0 for size in crossed.values())
+
+
+def test_a_ray_worker_runs_its_node_under_the_caller_s_autocast(broker: Any) -> None:
+    """A node on a Ray actor runs under the autocast of the thread that called the forward,
+    as it runs in its grad mode: under ``torch.autocast("cpu", dtype=torch.bfloat16)`` a
+    plain node's product there was computed in float32, where with no broker it is
+    computed in bfloat16."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3)
+    g = Graph.somatize(Echo().named("s") >> Products().named("p").at("w1"))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        here = g.forward(x)
+        there = g.forward(x, broker=broker)
+    assert here.dtype == there.dtype == torch.bfloat16 and torch.equal(there, here)
+    assert g.forward(x, broker=broker).dtype == torch.float32
 
 
 def test_a_ray_worker_is_another_process_that_keeps_its_node(broker: Any) -> None:

@@ -163,6 +163,12 @@ class Job:
     """Whether grad mode is on where the graph is called (off under ``torch.no_grad()`` and
     ``torch.inference_mode()``): the node runs in it on the worker, whose thread or process
     has its own, as it runs with no broker."""
+    autocast: tuple[tuple[str, str], ...] = ()
+    """The device types autocast is on for where the graph is called, each with its dtype's
+    name (``("cpu", "bfloat16")``): the node runs under it on the worker, as in grad
+    mode."""
+    autocast_cache: bool = True
+    """Whether that autocast caches the casts of weights it makes."""
 
 
 @dataclass(frozen=True)
@@ -228,6 +234,8 @@ def job_for(
         state=held_state(graph, node),
         holder=holder,
         grad=_grad_on(),
+        autocast=_autocast_on(),
+        autocast_cache=_autocast_caches(),
     )
     return job, [data for _, data in packed]
 
@@ -245,6 +253,47 @@ def _grad_mode(on: bool) -> AbstractContextManager[Any]:
     return nullcontext() if torch is None else torch.set_grad_enabled(on)
 
 
+def _autocast_on() -> tuple[tuple[str, str], ...]:
+    """The device types autocast is on for in this thread, each with the name of its dtype
+    (none where torch is not imported)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    return tuple(
+        (device, str(torch.get_autocast_dtype(device)).removeprefix("torch."))
+        for device in _AUTOCAST_DEVICES
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+    )
+
+
+_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "privateuseone")
+"""The device types torch may run autocast on, each looked at in the caller's thread."""
+
+
+def _autocast_caches() -> bool:
+    """Whether autocast caches the casts it makes in this thread (as torch starts, it does)."""
+    torch = sys.modules.get("torch")
+    return torch is None or bool(torch.is_autocast_cache_enabled())
+
+
+def _autocast(on: Sequence[tuple[str, str]], cache: bool) -> AbstractContextManager[Any]:
+    """What enters, in this thread, autocast on each device type of ``on`` in the dtype
+    it names, caching casts as ``cache`` says; nothing where none is on, or torch cannot
+    be imported here (nothing then computes with it)."""
+    if not on:
+        return nullcontext()
+    try:
+        torch = importlib.import_module("torch")  # a node may import it only as it runs
+    except ImportError:
+        return nullcontext()
+    entered = ExitStack()
+    for device, dtype in on:
+        entered.enter_context(
+            torch.autocast(device, dtype=getattr(torch, dtype), cache_enabled=cache)
+        )
+    return entered
+
+
 def callers_modes() -> Callable[[], AbstractContextManager[Any]]:
     """What enters, on another thread (a worker's), the grad mode, inference mode and
     autocast of the thread that calls this (``torch.no_grad()``,
@@ -255,31 +304,21 @@ def callers_modes() -> Callable[[], AbstractContextManager[Any]]:
     if torch is None:
         return nullcontext
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-    cache = torch.is_autocast_cache_enabled()
-    autocast = [
-        (device, torch.get_autocast_dtype(device))
-        for device in _AUTOCAST_DEVICES
-        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
-    ]
+    autocast, cache = _autocast_on(), _autocast_caches()
     return lambda: _in_modes(grad, inference, autocast, cache)
 
 
-_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "privateuseone")
-"""The device types torch may run autocast on, each looked at in the caller's thread."""
-
-
 def _in_modes(
-    grad: bool, inference: bool, autocast: Sequence[tuple[str, Any]] = (), cache: bool = True
+    grad: bool, inference: bool, autocast: Sequence[tuple[str, str]] = (), cache: bool = True
 ) -> AbstractContextManager[Any]:
     """Grad mode ``grad``, inference mode ``inference`` and autocast on each device type of
-    ``autocast`` in its dtype (caching casts as ``cache`` says), entered now in this thread
-    and left as the context is (torch is imported)."""
+    ``autocast`` (:func:`_autocast`), entered now in this thread and left as the context
+    is (torch is imported)."""
     torch = sys.modules["torch"]
     entered = ExitStack()
     entered.enter_context(torch.inference_mode(inference))
     entered.enter_context(torch.set_grad_enabled(grad))  # sets it as it is made: here
-    for device, dtype in autocast:
-        entered.enter_context(torch.autocast(device, dtype=dtype, cache_enabled=cache))
+    entered.enter_context(_autocast(autocast, cache))
     return entered
 
 
@@ -760,7 +799,12 @@ class Host:
         node.declaration_moved()
         start = time.perf_counter_ns()
         try:
-            with self.stoppable(), _grad_mode(job.grad):  # the caller's, as with no broker
+            # The caller's grad mode and autocast, as with no broker.
+            with (
+                self.stoppable(),
+                _grad_mode(job.grad),
+                _autocast(job.autocast, job.autocast_cache),
+            ):
                 if self.let_go:  # as one interrupted before its forward began
                     raise KeyboardInterrupt
                 value = node.forward(*inputs, ctx)
