@@ -163,7 +163,9 @@ class _Run:
                 loaded[node] = value
                 continue
             keys = plan.items[node]
-            got = self.read(node, keys, static.fingerprint.get(node), len(keys))
+            got = self.read(
+                node, keys, static.fingerprint.get(node), len(keys), plan.keys.get(node)
+            )
             damaged = [key for key, value in zip(keys, got, strict=True) if value is _DAMAGED]
             if damaged:
                 plan.have.difference_update(damaged)
@@ -177,6 +179,9 @@ class _Run:
         if isinstance(value, _Unused):
             self.emit({"fact": value.fact, "node": node, "key": key, "why": value.why})
             return _DAMAGED
+        if isinstance(value, _Recompute):
+            self.emit(self.recompute_fact(node, key, value))
+            return _DAMAGED
         return value
 
     def _recalled(self, key: str) -> Any:
@@ -189,22 +194,32 @@ class _Run:
         except (Missing, Corrupt) as error:
             return error
 
-    def read(self, node: str, keys: Sequence[str], fingerprint: str | None, of: int) -> list[Any]:
+    def read(
+        self,
+        node: str,
+        keys: Sequence[str],
+        fingerprint: str | None,
+        of: int,
+        whole: str | None,
+    ) -> list[Any]:
         """The decoded answer under each of ``keys``, items of mapped ``node`` (handed ``of``
-        items), in their order; ``_DAMAGED`` for each that could not be used. A key met
-        again (two items alike) is decoded again, from a copy of its bytes, so that each
-        item recalled is an object of its own, in memory of its own (a tensor decodes in
-        place, over the bytes it is read from), as each computed is.
+        items; keyed ``whole``, where it has a key of its own), in their order; ``_DAMAGED``
+        for each that could not be used. A key met again (two items alike) is decoded again,
+        from a copy of its bytes, so that each item recalled is an object of its own, in
+        memory of its own (a tensor decodes in place, over the bytes it is read from), as
+        each computed is.
 
         The items that cannot be used for one reason (the blob of their pack found damaged,
-        their codec not registered) are said in one fact, whose ``items`` says how many
-        (and ``of``, of how many handed): a damaged pack of 100,000 items is one
-        ``corrupt`` fact, not 100,000."""
+        their codec not registered, kept by another version of the code with ``strict``)
+        are said in one fact, whose ``items`` says how many (and ``of``, of how many
+        handed): a damaged pack of 100,000 items is one ``corrupt`` fact, not 100,000, and
+        100,000 items drifted one ``drifted`` fact, keyed ``whole`` as a node's drift
+        recalled is."""
         store = self.store
         assert store is not None
         found = {keys[0]: self._recalled(keys[0])} if len(keys) == 1 else store.recall_many(keys)
-        said: dict[_Unused, Fact] = {}
-        damaged: dict[str, Fact | None] = {}  # key → the fact saying so (None: said drifted)
+        said: dict[_Unused | _Recompute, Fact] = {}
+        damaged: dict[str, Fact] = {}  # key → the fact saying so
         decoded: set[str] = set()
         out: list[Any] = []
         for key in keys:
@@ -216,30 +231,26 @@ class _Run:
                     got = (got[0], memoryview(bytearray(got[1])))
                 decoded.add(key)
                 value = self._decode(node, key, got, fingerprint)
-                if isinstance(value, _Unused):
+                if isinstance(value, (_Unused, _Recompute)):
                     if value not in said:
-                        said[value] = {
-                            "fact": value.fact,
-                            "node": node,
-                            "key": key,
-                            "why": value.why,
-                            "items": 0,
-                            "of": of,
-                        }
+                        said[value] = (
+                            {"fact": value.fact, "node": node, "key": key, "why": value.why}
+                            if isinstance(value, _Unused)
+                            else self.recompute_fact(node, whole, value)
+                        )
+                        said[value].update(items=0, of=of)
                     damaged[key] = said[value]
                     value = _DAMAGED
-                elif value is _DAMAGED:
-                    damaged[key] = None
-            if value is _DAMAGED and (fact := damaged[key]) is not None:
-                fact["items"] += 1
+            if value is _DAMAGED:
+                damaged[key]["items"] += 1
             out.append(value)
         for fact in said.values():
             self.emit(fact)
         return out
 
     def _decode(self, node: str, key: str, got: Any, fingerprint: str | None) -> Any:
-        """The value of one recalled answer; why it cannot be used (:class:`_Unused`), for
-        the caller to say; or ``_DAMAGED``, where it is drifted and said so (``strict``)."""
+        """The value of one recalled answer; or why it cannot be used, for the caller to
+        say: :class:`_Unused`, or :class:`_Recompute` where it is drifted (``strict``)."""
         if not isinstance(got, tuple):
             problem = got if got is not None else Missing(key)
             return _Unused("corrupt", str(problem))
@@ -248,10 +259,7 @@ class _Run:
         if fingerprint and answer.fingerprint not in (None, fingerprint):
             drifted = (answer.fingerprint, fingerprint)
         if drifted is not None and self.strict:
-            fact = self.drift_fact(node, key, *drifted)
-            fact["recomputed"] = True
-            self.emit(fact)
-            return _DAMAGED
+            return _Recompute(*drifted)
         try:
             codec = CODECS.named(answer.codec)
         except CodecError as why:  # whole, kept by a codec not registered here: no damage
@@ -281,6 +289,14 @@ class _Run:
             "now": now,
             "changed": self.changed[told],
         }
+
+    def recompute_fact(self, node: str, key: str | None, drifted: _Recompute) -> Fact:
+        """The ``drifted`` fact of an answer of ``node`` that ``strict`` computes again,
+        as it was kept by another version of the code (``drifted``): it says
+        ``recomputed``."""
+        fact = self.drift_fact(node, key, drifted.was, drifted.now)
+        fact["recomputed"] = True
+        return fact
 
     def drifted(self, node: str, key: str | None, stacklevel: int) -> None:
         """Says that answers of ``node`` read back were kept by another version of the code
@@ -658,7 +674,9 @@ class _Run:
         if items is not None:
             present = [key for key in items if key in plan.have]
             fingerprint = static.fingerprint.get(node)
-            got = iter(self.read(node, present, fingerprint, count) if present else ())
+            got = iter(
+                self.read(node, present, fingerprint, count, plan.keys.get(node)) if present else ()
+            )
             missing = []
             for index, key in enumerate(items):
                 value = next(got) if key in plan.have else _DAMAGED
@@ -762,6 +780,16 @@ class _Unused:
 
     fact: str
     why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Recompute:
+    """An answer read back that ``strict`` computes again: it was kept with the code
+    fingerprint ``was``, and the code it depends on is ``now``. Items of a mapped node kept
+    by one version of it are said in one ``drifted`` fact."""
+
+    was: str | None
+    now: str
 
 
 _NOTHING = object()

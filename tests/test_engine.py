@@ -634,6 +634,38 @@ def test_drift_of_some_recalled_items_is_a_fact_and_a_warning(store: Store) -> N
     assert square.calls == [[1, 2], [3], [1, 2, 4]]
 
 
+def test_strict_says_a_mapped_nodes_drifted_items_in_one_fact(store: Store) -> None:
+    """A mapped node whose items were kept by another version of its code, run with
+    `strict=True`, says so in one `drifted` fact saying `recomputed` and how many items of
+    how many handed (an item handed twice counted twice), keyed as the fact without
+    `strict` is, not one fact per item; they all run again, whether all its items were
+    kept or some run beside them."""
+    square = Square()
+    g = Graph.somatize(square.named("square").frozen().mapped().cached())
+    handed = [1, 2, 3, 4, 5, 3]
+    g.forward(handed, store=store)
+    g.memory.written_as("square", "sha256:newer")
+    recalled: list[dict[str, Any]] = []
+    with pytest.warns(Drifted):
+        g.forward(handed, store=store, watching=recalled.append)
+    [told] = [f for f in recalled if f["fact"] == "drifted"]
+    for present, code in ((handed, "sha256:newer"), ([0, *handed], "sha256:newest")):
+        g.memory.written_as("square", code)
+        seen: list[dict[str, Any]] = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert g.forward(present, store=store, watching=seen.append, strict=True) == [
+                i * i for i in present
+            ]
+        said = [f for f in seen if f["fact"] == "drifted"]
+        assert len(said) == 1, said
+        assert said[0].keys() == {*told, "recomputed", "items", "of"}
+        assert said[0]["key"] == plan.compile(g, present, store, g.outputs).keys["square"]
+        assert (said[0]["recomputed"], said[0]["items"], said[0]["of"]) == (True, 6, len(present))
+        assert square.calls[-1] == list(dict.fromkeys(present))
+    assert said[0]["was"] == told["now"]
+
+
 def test_mapped_runs_only_missing_items(store: Store) -> None:
     """A mapped node answers item by item; only the missing items run, as one call."""
     square = Square()
