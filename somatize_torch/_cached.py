@@ -509,7 +509,8 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     if held is not node:
         # Another call of the base's node: what the module keeps is watched there, and
         # what this call changes of it is said by that watch (not kept if it did).
-        node._settings, node._declared_beside = held._settings, held._declared_beside
+        node._settings, node._declared = held._settings, held._declared
+        node.keyed_as(held)
     with torch.no_grad():
         out = solo.forward(Opaque(tuple(args), TENSOR), store=store, watching=facts.append)
     if held is not node:

@@ -528,13 +528,11 @@ class ModuleNode(Node):
     _made: tuple[tuple[Any, ...], dict[str, Any]] | None = None
     _built: tuple[dict[str, Any], dict[str, Any]] | None = None  # settings, hooks
     _watch: StateWatch | None = None
-    _state_moved: bool = False
-    """Whether the forward that ended last wrote into the weights or buffers :attr:`_watch`
-    watches (:meth:`changed_as_it_ran`)."""
     _settings: SettingsWatch | None = None
-    _declared_beside: dict[str, Any] | None = None
+    _declared: tuple[SettingsWatch | None, dict[str, Any]] | None = None
     """What the declaration taken last named of what the module keeps beside its weights
-    (:meth:`_beside_weights`), which a forward that gave a value anew is compared with
+    (:meth:`_beside_weights`), with the watch of it taken before it was read: what a
+    forward that ran since keeps beside its weights is compared with it
     (:meth:`changed_as_it_ran`)."""
     _keys_precision = True
     """Whether its declaration names the precision it runs in (where it is not torch's
@@ -711,8 +709,10 @@ class ModuleNode(Node):
                 f"`{kind.__qualname__}` {why}, so nothing names it the same way in another "
                 f"process and its answers cannot be keyed. {fix}"
             )
+        watch = self._settings  # taken before what it names is read: a change since is seen
         beside = self._beside_weights()
-        self._declared_beside = beside
+        self._declared = (watch, beside)
+        self._keyed_here()
         declared = {
             "module": repr(self.module),
             "spread": self.spread,
@@ -748,13 +748,50 @@ class ModuleNode(Node):
     def __getstate__(self) -> Any:
         # The watch is not copied (the copy's module is watched afresh: `__setstate__`); it
         # holds the code of the functions the module keeps, which does not pickle.
-        return {name: value for name, value in vars(self).items() if name != "_settings"}
+        # Nor are the calls each thread keyed (a thread's own, which does not pickle either).
+        state = {name: value for name, value in vars(self).items() if name not in _UNCOPIED}
+        if self._declared is not None:  # what it names, without the watch it was taken with
+            state["_declared"] = (None, self._declared[1])
+        return state
 
     def __setstate__(self, state: Any) -> None:
         super().__setstate__(state)
         # The copy's module holds its values in tables of its own, not the ones a copied
         # watch would look at: it is watched afresh.
-        vars(self).pop("_settings", None)
+        for name in _UNCOPIED:
+            vars(self).pop(name, None)
+
+    def _here(self) -> threading.local:
+        """What this thread's call of the node was keyed by (``keyed``: the watch of its
+        weights, and the declaration of what it keeps beside them with the watch of that,
+        as :meth:`_keyed_here` noted them) and whether its forward wrote into its weights
+        (``state_moved``). One node called from several threads at once (a server's
+        request threads calling one graph, wrapped model or row cache) has each call
+        checked, after it ran, against what its own key was taken from: another thread's
+        call taking the watches again meanwhile (a value or checkpoint given to the module
+        since) would have a call keyed before the change compared with the module as it is
+        after it, and its answer, computed with the new value, kept under the old key."""
+        here: threading.local | None = vars(self).get("_threads")
+        if here is None:
+            here = vars(self).setdefault("_threads", threading.local())
+        return here
+
+    def _keyed_here(self) -> None:
+        """Notes, for this thread, that the call it keys now is keyed by the weights
+        :attr:`_watch` watches and by the declaration taken last (:attr:`_declared`): asked
+        where a call is keyed (:meth:`declaration_moved`, after :meth:`restate`, and
+        :meth:`declare`). Nothing where no declaration was taken with a watch (a worker's
+        copy, rebuilt to run a call the client keyed): its call is checked against what it
+        keeps as watched last."""
+        declared = self._declared
+        watched = declared is not None and declared[0] is not None
+        self._here().keyed = (self._watch, declared) if watched else None
+
+    def keyed_as(self, other: ModuleNode) -> None:
+        """Has this thread's call of this node checked against what its call of ``other``
+        was keyed by (a shim making another call of a wrapped model's node, keyed as that
+        node)."""
+        self._here().keyed = getattr(other._here(), "keyed", None)
 
     def declaration_moved(self) -> bool:
         """Whether a plain value or function the module keeps, or a forward hook, may have
@@ -764,14 +801,17 @@ class ModuleNode(Node):
         node names the precision it runs in, when that is another now (autocast entered,
         ``torch.set_default_dtype``, TF32 turned on)."""
         watch = self._settings
-        if self._keys_precision and _precision_of(self.module) != self._precision_at:
-            # Watched from here too: a forward with no watch taken keeps nothing.
+        moved = (
+            (self._keys_precision and _precision_of(self.module) != self._precision_at)
+            or watch is None
+            or watch.changed()
+        )
+        if moved:
+            # Watched from here (where the precision moved too: a forward with no watch
+            # taken keeps nothing).
             self._settings = self._watched(watch)
-            return True
-        if watch is not None and not watch.changed():
-            return False
-        self._settings = self._watched(watch)
-        return True
+        self._keyed_here()
+        return moved
 
     def _watched(self, watch: SettingsWatch | None) -> SettingsWatch:
         """A watch of what the module keeps beside its weights, taken now (from ``watch``,
@@ -791,19 +831,30 @@ class ModuleNode(Node):
         as it was (``self.width = x.shape[-1]``, a new object at each call) is no change:
         where the watch saw one, what the declaration names is looked at, and the watch
         taken again where it names all as the declaration taken last did."""
-        watch = self._settings
-        if watch is None or self._state_moved:
+        here = self._here()
+        if getattr(here, "state_moved", False):
+            return True
+        keyed = getattr(here, "keyed", None)
+        last = self._declared
+        if keyed is not None:  # what this thread's call was keyed by
+            watch, beside = keyed[1]
+        else:  # a local worker's thread, which keys nothing: by what was keyed last
+            watch, beside = self._settings, None if last is None else last[1]
+        if watch is None:
             return True
         if not watch.changed():
             return False
         # Taken before the look, so a value given from another thread since is seen by one.
         again = self._watched(watch)
         try:
-            if self._declared_beside is None or self._beside_weights() != self._declared_beside:
+            if beside is None or self._beside_weights() != beside:
                 return True
         except NotCanonical:  # refused as the declaration is taken again, naming it
             return True
-        self._settings = again
+        if last is not None and last[1] is beside:  # no declaration taken since
+            self._settings = again
+            self._declared = (again, last[1])
+            self._keyed_here()
         return False
 
     def look_at_settings_again(self) -> None:
@@ -822,12 +873,20 @@ class ModuleNode(Node):
         drawn = self._smz.frozen and self.call is self.module
         generators = generator_states(self.module, x) if drawn else None
         spread = self.spread and isinstance(x, (tuple, list))
-        state = self._watch
-        still = state is not None and not state.changed()
+        here = self._here()
+        keyed = getattr(here, "keyed", None)
+        if keyed is not None:
+            # The weights this thread's call is keyed by: a change since it was keyed (a
+            # checkpoint another thread loaded as this forward ran the nodes before it) is
+            # one the answer may be computed with, and it is not kept.
+            state, still = keyed[0], True
+        else:  # a local worker's thread, which keys nothing: the weights as they are now
+            state = self._watch
+            still = state is not None and not state.changed()
         with self._keyed_autocast(ctx):
             out = self.call(*x) if spread else self.call(x)
         # Weights or buffers the forward wrote into (a running sum added into a buffer).
-        self._state_moved = still and state is not None and state.changed()
+        here.state_moved = still and state is not None and state.changed()
         if drawn and generator_states(self.module, x) != generators:
             raise FreezeError(
                 drew_at_random(
@@ -862,6 +921,12 @@ class ModuleNode(Node):
     def __repr__(self) -> str:
         name = self._smz.name
         return f"<ModuleNode {type(self.module).__qualname__}{f' {name!r}' if name else ''}>"
+
+
+_UNCOPIED = ("_settings", "_threads")
+"""What a copy of a :class:`ModuleNode` (``copy.deepcopy``, a pickle) does not take: the
+watch of what its module keeps beside its weights, which the copy takes afresh of its own
+module, and what each thread's call was keyed by."""
 
 
 def _modules_read(module: nn.Module) -> tuple[Read, ...]:

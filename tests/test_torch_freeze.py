@@ -547,6 +547,97 @@ def test_a_graph_frozen_again_while_another_thread_plans_its_forward_is_keyed_by
         assert torch.equal(out, module(x.value))
 
 
+_MEANWHILE: list[Callable[[], Any]] = []
+"""What :class:`Meanwhile` and :class:`Rescaled` run inside their next forwards, one each:
+what another thread may do meanwhile."""
+
+
+class Meanwhile(Node):
+    """Hands its input on, having run the first of :data:`_MEANWHILE`."""
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        if _MEANWHILE:
+            _MEANWHILE.pop(0)()
+        return x
+
+
+class Rescaled(nn.Module):
+    """A linear layer whose answer is scaled by a value it keeps, read after the first of
+    :data:`_MEANWHILE` ran."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 3)
+        self.scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h: torch.Tensor = self.lin(x)
+        if _MEANWHILE:
+            _MEANWHILE.pop(0)()
+        return h * self.scale
+
+
+@pytest.mark.parametrize("cached_by", ["graph", "wrap"])
+def test_a_value_given_as_a_module_runs_keeps_its_answer_nowhere_though_another_thread_keyed_it(
+    store: Store, cached_by: str
+) -> None:
+    """A value given to a frozen, cached module while it computes an answer (another thread
+    setting `encoder.scale`), and a call from a third thread keyed by the new value before
+    the first ends (a server's next request), leave the first answer, computed with the new
+    value, kept nowhere: it was compared with the module as the third thread found it, not
+    as its own key named it, and kept under the key of the value before, to be recalled
+    once that value was set back."""
+    module = Rescaled()
+    call: Callable[[torch.Tensor], Any]
+    if cached_by == "graph":
+        g = Graph.somatize(smt.ModuleNode(module).named("rescaled").frozen().cached())
+        smt.freeze(g)
+        call = lambda x: g.forward(Opaque(x), store=store)  # noqa: E731
+    else:
+        wrapped = smt.wrap(module, frozen=True, cached=True, store=store)
+        smt.freeze(wrapped)
+        call = wrapped
+    call(torch.randn(2, 4))
+    y = torch.randn(2, 4)  # drawn here: a draw inside a frozen module's forward is refused
+
+    def rescaled() -> None:
+        module.scale = 2.0
+        other = threading.Thread(target=call, args=(y,))
+        other.start()
+        other.join()
+
+    _MEANWHILE.append(rescaled)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(call(x), module(x))  # as the module answers now
+        module.scale = 1.0  # set back to the value the first answer was keyed by
+        assert torch.equal(call(x), module(x))
+
+
+def test_a_checkpoint_loaded_as_a_forward_runs_the_nodes_before_a_module_keeps_its_answer_nowhere(
+    store: Store,
+) -> None:
+    """A checkpoint loaded into a frozen, cached module (by another thread) after a forward
+    keyed it, while the forward runs the nodes before it, leaves the answer the module then
+    computes with the new weights kept nowhere: its forward looked for a write into the
+    weights only as it ran, and kept the answer under the key of the weights before, to be
+    recalled once they were loaded back."""
+    module = Rescaled()
+    g = Graph.somatize(
+        Meanwhile().named("meanwhile").frozen()
+        >> smt.ModuleNode(module).named("rescaled").frozen().cached()
+    )
+    smt.freeze(g)
+    before = copy.deepcopy(module.state_dict())
+    after = {name: tensor * 2 for name, tensor in before.items()}
+    _MEANWHILE.append(lambda: module.load_state_dict(after))
+    x = Opaque(torch.randn(3, 4))
+    with torch.no_grad():
+        assert torch.equal(g.forward(x, store=store), module(x.value))  # as it answers now
+        module.load_state_dict(before)
+        assert torch.equal(g.forward(x, store=store), module(x.value))
+
+
 def test_a_module_node_not_frozen_runs_under_the_callers_autocast() -> None:
     """A module node neither frozen nor cached, called under autocast after a call outside
     it, computes under autocast, as the module does: nothing keys its answers, and no

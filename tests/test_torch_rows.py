@@ -2220,6 +2220,49 @@ def test_rows_computed_while_the_code_changes_are_answered_and_not_kept(
     fresh.close()
 
 
+class Rescaled(Midway):
+    """A :class:`Midway` whose answer is scaled by a value it keeps."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) * self.scale
+
+
+def test_rows_computed_as_a_value_changes_that_another_thread_keys_are_not_kept(
+    tmp_path: Path,
+) -> None:
+    """A value given to the module while its rows are computed (another thread setting
+    `encoder.scale`), and a forward on a third thread keying rows by it before the first
+    ends, leave the first forward's rows, computed with the new value, answered and kept
+    nowhere: they were compared with the module as that third forward found it, not as
+    their own keys named it, and kept under the keys of the value before, to be recalled,
+    from memory and the store, once it was set back."""
+    module = Rescaled()
+    cached = cache_rows(module, Store(tmp_path / "store"))
+    cached(torch.randn(2, 4))  # keyed and checked
+    y = torch.randn(3, 4)
+
+    def rescaled() -> None:
+        module.scale = 2.0
+        other = threading.Thread(target=cached, args=(y,))
+        other.start()
+        other.join()
+
+    x = torch.randn(4, 4)
+    _MIDWAY.append(rescaled)
+    assert torch.equal(cached(x), expected(module, x))  # as the module answers now
+    module.scale = 1.0  # set back to the value the rows were keyed by
+    assert torch.equal(cached(x), expected(module, x))
+    assert cached.stats.computed == 2 + 3 + 4 + 4
+    cached.close()
+    fresh = cache_rows(module, Store(tmp_path / "store"))
+    assert torch.equal(fresh(x), expected(module, x))
+    fresh.close()
+
+
 def test_rows_keyed_before_another_thread_keys_new_weights_are_not_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
