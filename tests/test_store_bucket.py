@@ -337,6 +337,12 @@ def test_stores_opening_a_new_cache_folder_at_once_bind_it_to_one(
     assert [p.name for p in (tmp_path / "cache").iterdir() if p.name.endswith(".part")] == []
 
 
+def _full_fdopen(fd: int, *args: Any, **kwargs: Any) -> Any:
+    """``os.fdopen`` on a full disk: the file was made, and nothing can be written into it."""
+    os.close(fd)
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
 def test_a_cache_folder_opened_on_a_full_disk_is_bound_once_it_has_room(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -348,12 +354,8 @@ def test_a_cache_folder_opened_on_a_full_disk_is_bound_once_it_has_room(
     base = f"memory://somatize/{key_of('full as opened')[7:19]}"
     cache = tmp_path / "cache"
 
-    def full(fd: int, *args: Any, **kwargs: Any) -> Any:
-        os.close(fd)
-        raise OSError(errno.ENOSPC, "No space left on device")
-
     with monkeypatch.context() as disk:
-        disk.setattr(os, "fdopen", full)
+        disk.setattr(os, "fdopen", _full_fdopen)
         first = Store.on_bucket(f"{base}/first", cache=cache)
         early = key_of("kept while the disk was full")
         first.keep(early, b"an early answer", "plain")
@@ -366,6 +368,30 @@ def test_a_cache_folder_opened_on_a_full_disk_is_bound_once_it_has_room(
     with pytest.raises(BadAddress, match="its own cache folder"):
         Store.on_bucket(f"{base}/other", cache=cache)
     assert bytes(first.recall(early)[1]) == b"an early answer"
+
+
+def test_a_store_whose_cache_folder_another_bound_meanwhile_recalls_none_of_its_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cache folder left unbound as a store was opened (its disk full), then bound by a
+    store of another prefix once there was room, holds that store's answers, found by key
+    alone: the first store recalls none of them, never an answer its bucket did not keep,
+    and still recalls its own from its bucket."""
+    base = f"memory://somatize/{key_of('bound meanwhile')[7:19]}"
+    cache = tmp_path / "cache"
+
+    with monkeypatch.context() as disk:
+        disk.setattr(os, "fdopen", _full_fdopen)
+        first = Store.on_bucket(f"{base}/first", cache=cache)
+    other = Store.on_bucket(f"{base}/other", cache=cache)
+    theirs = key_of("the other's")
+    other.keep(theirs, b"the other's answer", "plain")
+    own = key_of("the first's own")
+    first.keep(own, b"the first's answer", "plain")
+    assert first.have([theirs, own]) == {own}
+    with pytest.raises(Missing):
+        first.recall(theirs)
+    assert bytes(first.recall(own)[1]) == b"the first's answer"
 
 
 def test_damaged_download_is_refused() -> None:

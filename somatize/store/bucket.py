@@ -873,8 +873,9 @@ class BucketStore(BucketShelf):
             known = self._known_answer(key)
             if known is not None:
                 return known
-            if self.cache is not None:
-                cached = self._cached_answer(key)
+            cache = self._answering_cache()
+            if cache is not None:
+                cached = self._cached_answer(cache, key)
                 if cached is not None:
                     return cached
             data = self._read(self._answer_path(key), f"the answer record of {key}")
@@ -886,10 +887,23 @@ class BucketStore(BucketShelf):
             if self._forgets == forgets:
                 return self._learn(key, data)
 
-    def _cached_answer(self, key: str) -> Answer | None:
-        assert self.cache is not None
+    def _answering_cache(self) -> LocalStore | None:
+        """The cache in front, to be asked for answers: bound to this store, or to none yet (a
+        folder whose file naming its store could not be written, read as it is). None once
+        another store bound it meanwhile: what it holds are that store's answers, found by
+        key alone, which this one never kept."""
+        cache = self.cache
+        if cache is None or self._cache_bound:
+            return cache
         try:
-            found = self.cache.answer(key)
+            bound = _read_mark(os.path.join(cache.root, _CACHE_MARK))
+        except StoreError:
+            return None
+        return cache if bound is None or bound == f"{self._cache_address()}\n" else None
+
+    def _cached_answer(self, cache: LocalStore, key: str) -> Answer | None:
+        try:
+            found = cache.answer(key)
         except Corrupt:
             return None
         if found is not None and found.offset is None:
@@ -911,10 +925,11 @@ class BucketStore(BucketShelf):
         self._look_at_packs()
         found = {key for key in asked if key in self._items or key in self._records}
         unknown = [key for key in asked if key not in found]
-        if unknown and self.cache is not None:
-            local = self.cache.have(unknown)
+        cache = self._answering_cache() if unknown else None
+        if cache is not None:
+            local = cache.have(unknown)
             for key in local:
-                self._cached_answer(key)
+                self._cached_answer(cache, key)
             found |= local
             unknown = [key for key in unknown if key not in local]
         if not unknown:
