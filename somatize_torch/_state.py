@@ -433,15 +433,19 @@ class StateWatch:
 
     def unfrozen(self, module: nn.Module) -> list[str]:
         """The parameters of ``module`` (frozen when watched) that now require grad: those
-        unfrozen since, and those that train under a name no parameter had then (an
-        adapter put in). One that took the place of a parameter of its name (``encoder.
-        linear = nn.Linear(6, 4)``) is new weights, frozen as the module is. When there are
-        some, the watch says changed from now on (see the class docstring)."""
+        unfrozen since, those that train under a name no parameter had then (an adapter
+        put in), and a tensor no parameter that stands in a parameter's place (handed in
+        by ``torch.func.functional_call``, the caller's to train, which freezing would
+        change under the caller, or cannot change, where it was computed). One that took
+        the place of a parameter of its name (``encoder.linear = nn.Linear(6, 4)``) is new
+        weights, frozen as the module is. When there are some, the watch says changed
+        from now on (see the class docstring)."""
         watched = set(map(id, self._params))
         names = [
             n
             for n, p in module.named_parameters()
-            if p.requires_grad and (id(p) in watched or n not in self._named)
+            if p.requires_grad
+            and (id(p) in watched or n not in self._named or not isinstance(p, nn.Parameter))
         ]
         if names:
             self._doubted = True

@@ -108,7 +108,20 @@ def few(names: list[str], shown: int = 3) -> str:
 
 def unfrozen_error(module: nn.Module, names: list[str]) -> Unfrozen:
     """The refusal of ``module``, frozen and cached, whose parameters ``names`` now
-    require grad: unfrozen since it was frozen, or added to it since (an adapter)."""
+    require grad: unfrozen since it was frozen, or added to it since (an adapter), or
+    tensors standing in their place that are no parameters, handed in for a call
+    (``torch.func.functional_call``), which are the caller's and left as they are."""
+    params = dict(module.named_parameters())
+    handed = [name for name in names if not isinstance(params.get(name), nn.Parameter)]
+    if handed:
+        return Unfrozen(
+            f"`{type(module).__name__}` is frozen and cached, and is called with weights "
+            f"that require grad handed in for its parameters {few(handed)} "
+            "(`torch.func.functional_call`): a cached module's answers are recalled "
+            "without gradients, so none would reach them. Call the module itself, not the "
+            "cache, to differentiate through those weights, or hand them in detached "
+            "(`t.detach()`) to have its answers for them cached"
+        )
     return Unfrozen(
         f"`{type(module).__name__}` is frozen and cached, and its parameters {few(names)} "
         "now require grad: somebody unfroze it, or put trainable parameters into it (an "

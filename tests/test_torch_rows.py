@@ -1180,6 +1180,34 @@ def test_an_unfrozen_module_is_refused_not_silently_untrained(store: Store) -> N
     cached.close()
 
 
+@pytest.mark.parametrize("handed", ["leaves", "computed"])
+def test_weights_that_require_grad_handed_by_functional_call_are_refused_and_left_alone(
+    store: Store, handed: str
+) -> None:
+    """`functional_call` handing a cached module weights of the caller's that require grad
+    (an inner step of MAML, weights to train) is refused, saying so: the weights were frozen
+    under the caller (their gradients dropped, none reaching them), or, computed, failed
+    with torch's own RuntimeError. The weights are left as they were handed, and those
+    handed detached are cached as the module's answers for them."""
+    module = encoder()
+    cached = cache_rows(module, store)
+    x = images(4)
+    cached(x)
+    meta = {name: torch.randn_like(p).requires_grad_() for name, p in module.named_parameters()}
+    weights = dict(meta) if handed == "leaves" else {n: t * 1.0 for n, t in meta.items()}
+    with pytest.raises(Unfrozen, match=r"weights that require grad.*`0\.weight`.*functional_call"):
+        torch.func.functional_call(cached, weights, (x,))
+    assert all(t.requires_grad for t in weights.values())
+    detached = {name: t.detach() for name, t in weights.items()}
+    with torch.no_grad():
+        assert torch.equal(
+            torch.func.functional_call(cached, detached, (x,)),
+            torch.func.functional_call(module, detached, (x,)),
+        )
+    assert torch.equal(cached(x), expected(module, x))
+    cached.close()
+
+
 def test_other_arguments_are_refused(cached: CachedRows) -> None:
     """A row is keyed by its input alone: an argument beside it is refused, not dropped."""
     with pytest.raises(RowsError, match="`mask=`"):

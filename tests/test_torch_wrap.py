@@ -297,6 +297,33 @@ def test_an_encoder_unfrozen_after_freezing_is_refused(store: Store) -> None:
     assert wrapped.encoder.linear.weight.requires_grad
 
 
+def test_encoder_weights_that_require_grad_handed_by_functional_call_are_refused(
+    store: Store,
+) -> None:
+    """`functional_call` handing a frozen, cached encoder weights that require grad is
+    refused, saying so, rather than the caller's weights frozen behind its back (their
+    gradients dropped, none reaching them); handed detached, the answer is the model's."""
+    wrapped = _wrapped(store)
+    plain = _model()
+    x = torch.randn(4, 6)
+    wrapped(x)
+    weights = {
+        name: torch.randn_like(p).requires_grad_()
+        for name, p in wrapped.named_parameters()
+        if name.startswith("encoder.")
+    }
+    with pytest.raises(smt.Unfrozen, match=r"weights that require grad.*functional_call"):
+        torch.func.functional_call(wrapped, weights, (x,))
+    assert all(t.requires_grad for t in weights.values())
+    detached = {name: t.detach() for name, t in weights.items()}
+    with torch.no_grad():
+        assert torch.equal(
+            torch.func.functional_call(wrapped, detached, (x,)),
+            torch.func.functional_call(plain.eval(), detached, (x,)),
+        )
+        assert torch.equal(wrapped(x), plain(x))
+
+
 def test_an_unfrozen_encoder_released_trains_and_freezes_again(store: Store) -> None:
     """The refusal of an unfrozen encoder says how to train it: released, it takes
     ``train()`` again (its BatchNorm updates); frozen again, the next forward holds it in
