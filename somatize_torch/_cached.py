@@ -51,6 +51,8 @@ from somatize_torch._errors import (
     WrapError,
     gradient_cut,
     in_a_transform,
+    jit_tracing,
+    traced_by_jit,
     transforming,
 )
 from somatize_torch._modes import marked_as_needed, outside_compiled
@@ -398,6 +400,10 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
         if not torch.compiler.is_compiling() and is_held(held.module):
             check_still(name, held.module)
         return self.call(*args, **kwargs)
+    if jit_tracing():
+        raise traced_by_jit(
+            f"`{name}` is cached and", "the model itself (`wrapped.model`), which runs uncached"
+        )
     if kwargs:
         args = self.bound(args, kwargs)
     args = self.trimmed(args)

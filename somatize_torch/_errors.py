@@ -79,6 +79,23 @@ def in_a_transform(called: str, handed: str, instead: str) -> TypeError:
     )
 
 
+def traced_by_jit(called: str, instead: str) -> TypeError:
+    """The refusal of a cached call made while ``torch.jit.trace`` records it: the trace
+    keeps the operations a call runs as the code it runs for every later input, and a
+    recalled answer runs none (it would be answered whatever it is given)."""
+    return TypeError(
+        f"{called} is called while `torch.jit.trace` traces it, which keeps the operations "
+        "a call runs as the code every later call runs: a recalled answer runs none, so "
+        "the trace would answer every input with what was recalled for this one. Trace "
+        f"{instead}"
+    )
+
+
+def jit_tracing() -> bool:
+    """Whether ``torch.jit.trace`` is recording what runs (:func:`traced_by_jit`)."""
+    return torch._C._is_tracing()
+
+
 def transforming() -> bool:
     """Whether a ``torch.func`` transform is running, which makes each tensor read under it
     its own (``x.detach()`` of one made outside it, the weights ``functional_call`` hands

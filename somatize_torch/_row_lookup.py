@@ -32,7 +32,12 @@ import torch
 from somatize.engine import Drifted
 from somatize.errors import SomatizeWarning
 from somatize.store.base import Corrupt, Missing, StoreError
-from somatize_torch._errors import in_a_transform, transforming
+from somatize_torch._errors import (
+    in_a_transform,
+    jit_tracing,
+    traced_by_jit,
+    transforming,
+)
 from somatize_torch._modes import outside_compiled
 from somatize_torch._row_codec import (
     as_bits,
@@ -518,6 +523,11 @@ def _recall_held(
             f"`{type(self.module).__name__}` is cached per row and",
             "the batch",
             "call the module itself",
+        )
+    if jit_tracing():
+        raise traced_by_jit(
+            f"`{type(self.module).__name__}` is cached per row and",
+            "the module itself (`cached.module`) in the cache's place",
         )
     if not self._handed_back:  # as a rule: nothing to hold, and no context made per batch
         return _recall_or_run(self, x, index)

@@ -1969,6 +1969,39 @@ def test_rows_cached_inside_grad_are_refused_saying_so(
     cached.close()
 
 
+@pytest.mark.parametrize("key", ["content", "index"])
+def test_rows_traced_by_torch_jit_trace_are_refused(store: Store, key: str) -> None:
+    """`torch.jit.trace` of a row cache (or a model holding one) keeps what a call runs as
+    the code of every later call, and a recalled row runs nothing: the trace answered any
+    batch with the rows recalled for the traced one (content-keyed, a batch of token ids),
+    or with the memory they were put in (keyed by index). It is refused, saying to trace
+    the module itself; the cache answers as before."""
+    torch.manual_seed(0)
+    module = nn.Embedding(10, 3)
+    options: dict[str, Any] = {} if key == "content" else {"key": "index", "version": "v1"}
+    cached = cache_rows(module, store, **options)
+
+    class Holder(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cached = cached
+
+        def forward(self, ids: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+            more = {} if key == "content" else {"index": index}
+            out: torch.Tensor = self.cached(ids, **more)
+            return out
+
+    ids, index = torch.tensor([1, 2, 3]), torch.arange(3)
+    holder = Holder()
+    holder(ids, index)
+    with pytest.raises(TypeError, match=r"`torch\.jit\.trace` traces it.*`cached\.module`"):
+        torch.jit.trace(holder, (ids, index), check_trace=False)
+    with torch.no_grad():
+        assert torch.equal(holder(ids, index), module(ids))
+        assert torch.equal(holder(ids + 4, index + 3), module(ids + 4))
+    cached.close()
+
+
 class AsDtype(nn.Module):
     def __init__(self, dtype: torch.dtype) -> None:
         super().__init__()

@@ -1678,6 +1678,31 @@ def test_a_frozen_parameter_handed_to_a_cached_module_is_keyed_by_its_values(
         boxed(x.as_subclass(Boxes))
 
 
+@pytest.mark.parametrize("shape", [(4, 6), ()], ids=["batch", "scalar"])
+def test_a_cached_module_traced_by_torch_jit_trace_is_refused(
+    store: Store, shape: tuple[int, ...]
+) -> None:
+    """`torch.jit.trace` of a wrapped model keeps what a call runs as the code of every
+    later call, and a recalled answer runs nothing: the trace failed with a `NotCanonical`
+    saying to pass a Python number, or torch's own internal assertion. It is refused,
+    saying to trace the model itself, which then traces as the plain model; the wrapped
+    model answers as before."""
+    torch.manual_seed(0)
+    wrapped = smt.wrap(
+        nn.Sequential(nn.Linear(6, 6), nn.Tanh()), frozen=True, cached=True, store=store
+    )
+    smt.freeze(wrapped)
+    x = torch.randn(shape or (6,))
+    wrapped(x)
+    with pytest.raises(TypeError, match=r"`torch\.jit\.trace` traces it.*`wrapped\.model`"):
+        torch.jit.trace(wrapped, (x,), check_trace=False)
+    traced = torch.jit.trace(wrapped.model, (x,))
+    other = torch.randn(shape or (6,))
+    with torch.no_grad():
+        assert torch.equal(traced(other), wrapped.model(other))
+        assert torch.equal(wrapped(other), wrapped.model(other))
+
+
 @pytest.mark.parametrize(
     "transformed",
     [
