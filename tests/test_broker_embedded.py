@@ -645,11 +645,49 @@ def test_a_worker_packs_a_tensor_its_node_made_from_canonical_inputs() -> None:
         "assert 'somatize.torch' not in sys.modules and 'somatize_torch' not in sys.modules\n"
         "print(pack(torch.tensor([1.0, 2.0]), 'the answer')[0])\n"
     )
+    assert _printed(code).split() == ["tensor"]
+
+
+def _printed(code: str) -> str:
+    """What a new Python process running ``code`` in this checkout prints."""
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parent.parent,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["tensor"]
+    return done.stdout
+
+
+def test_plain_values_cross_to_a_network_worker_where_torch_is_loaded_without_numpy() -> None:
+    """torch installed on its own needs no numpy, and somatize.torch (the `torch` extra)
+    does. A process that imported torch and holds no numpy sends and gets back plain values
+    across a network worker, as a process with neither does; a tensor it would send is
+    refused as a CodecError naming what `import somatize.torch` said here, where no codec
+    writes it, rather than every value refused with an ImportError said of the node."""
+    code = (
+        "import sys, warnings\n"
+        "sys.modules['numpy'] = None  # as if it were not installed\n"
+        "warnings.simplefilter('ignore')  # torch warns it found no numpy\n"
+        "import torch\n"
+        "from somatize import Broker, CodecError, Graph, Worker\n"
+        "from tests.nodes import Largest, Rows, Scale\n"
+        "broker = Broker.embedded({'w1': Worker.generic(mode='network')})\n"
+        "g = Graph.somatize(Rows() >> Scale(3.0).at('w1') >> Largest())\n"
+        "print(g.forward({'at': 0, 'take': 4}, broker=broker))\n"
+        "from somatize.broker.host import pack\n"
+        "try:\n"
+        "    pack(torch.ones(2), 'the answer')\n"
+        "except CodecError as why:\n"
+        "    print(why)\n"
+    )
+    first, said = _printed(code).splitlines()
+    assert first == "9.0"
+    assert "the answer is a `torch.Tensor` and no codec writes it" in said, said
+    assert "somatize.torch needs numpy, which is not installed" in said, said
 
 
 def test_a_node_loading_a_model_on_first_use_loads_it_once_on_a_worker(

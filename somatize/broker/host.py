@@ -99,7 +99,7 @@ from somatize.catalog import (
     fingerprint_of,
     state_crosses,
 )
-from somatize.codecs import _CODEC_HOMES, CODECS
+from somatize.codecs import _CODEC_HOMES, CODECS, CodecError
 from somatize.node import Context, Node, digest_of, held_by
 from somatize.plan import static_of
 from somatize.store import Store, StoreError
@@ -411,14 +411,29 @@ def state_for(node: Node) -> bytes:
     return node.state_bytes() if state_crosses(node) else b""
 
 
+_UNLOADABLE: dict[str, str] = {}
+"""What importing each codec's home said here, where it failed (``somatize.torch`` with
+torch loaded and no numpy): tried once, and said where a value would need it."""
+
+
 def pack(value: Any, where: str) -> tuple[str, bytes]:
     """``value`` as (codec name, bytes); CodecError naming its type and ``where`` otherwise.
     A codec not registered yet whose library is loaded is registered first, so a worker
-    packs what the client's process would."""
+    packs what the client's process would; one whose home cannot be imported here (an
+    extra half installed) is left out, and said where no other codec writes the value."""
     for name, home in _CODEC_HOMES.items():
-        if name not in CODECS and _CODEC_LIBRARIES[name] in sys.modules:
-            importlib.import_module(home)
-    codec = CODECS.for_value(value, where)
+        if name not in CODECS and name not in _UNLOADABLE and _CODEC_LIBRARIES[name] in sys.modules:
+            try:
+                importlib.import_module(home)
+            except ImportError as why:
+                _UNLOADABLE[name] = f"`import {home}` failed here: {why}"
+    try:
+        codec = CODECS.for_value(value, where)
+    except CodecError as why:
+        failed = [said for name, said in _UNLOADABLE.items() if name not in CODECS]
+        if not failed:
+            raise
+        raise CodecError(f"{why}. {'; '.join(failed)}") from None
     return codec.name, b"".join(codec.encode(value))
 
 
