@@ -6183,6 +6183,38 @@ def test_an_array_a_node_s_code_reads_changed_in_place_is_seen_by_a_graph_built_
     assert _three_forwards(graph(), store, "a", 7.0) == ["ran", "recalled", "recalled"]
 
 
+def test_a_tensor_a_node_s_code_reads_is_named_alike_where_torch_has_no_numpy(
+    tmp_path: Path,
+) -> None:
+    """torch installed on its own needs no numpy. A tensor a node's module or class holds,
+    itself or in a table, is named by its values there as where numpy is: a graph of such a
+    node is built (rather than a RuntimeError of torch's, `Numpy is not available`, raised
+    as it is fingerprinted), its fingerprints are those a process with numpy works out, and
+    the tensor written in place gives another."""
+    pytest.importorskip("numpy")
+    (tmp_path / "reads.py").write_text(_READS_TENSORS)
+    kinds = ("ReadsTensor", "ReadsTable", "OwnsTensor")
+    prints = f"print(*(f(getattr(m, kind)) for kind in {kinds!r}))\n"
+    script = (
+        "import sys, warnings\n"
+        "sys.modules['numpy'] = None  # as if it were not installed\n"
+        "warnings.simplefilter('ignore')  # torch warns it found no numpy\n"
+        "import reads as m\n"
+        "from somatize import Graph\n"
+        "from somatize.catalog import fingerprint_of as f\n"
+        "Graph.somatize(m.ReadsTensor().frozen().cached())\n"
+        f"{prints}"
+        "m.T[0] = 5.0\n"
+        "m.TABLE['t'][0][0] = 5.0\n"
+        "m.OwnsTensor.t[0] = 5.0\n"
+        f"{prints}"
+    )
+    before, after = _printed(["-c", script], tmp_path).splitlines()
+    with_numpy = "import reads as m\nfrom somatize.catalog import fingerprint_of as f\n" + prints
+    assert before.split() == _printed(["-c", with_numpy], tmp_path).split()
+    assert all(was != now for was, now in zip(before.split(), after.split(), strict=True))
+
+
 def _fingerprints_of_elsewhere(
     root: Path, folders: list[str], kinds: list[str], module: str = "elsewhere"
 ) -> list[list[str]]:

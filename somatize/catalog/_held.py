@@ -15,6 +15,7 @@ import abc
 import argparse
 import array
 import collections
+import ctypes
 import datetime
 import decimal
 import enum
@@ -202,9 +203,13 @@ def _array_bytes(value: Any) -> bytes | None:
         return None
     if not _values_here(value, torch):
         return None
-    values = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+    # Its bytes read where they lie, by address: torch installed without numpy has no
+    # `.numpy()` (`Numpy is not available`). A conjugate or negative view by its values.
+    values = value.detach().cpu().resolve_conj().resolve_neg().contiguous()
+    size = values.numel() * values.element_size()
+    memory = (ctypes.c_char * size).from_address(values.data_ptr()) if size else b""
     said = f"tensor {kind.__qualname__} {value.dtype} {tuple(value.shape)}".encode()
-    return said + b" " + hashlib.sha256(values.data).digest()
+    return said + b" " + hashlib.sha256(memory).digest()
 
 
 def _held_arrays(table: Any) -> tuple[list[Any], list[Any]]:
