@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tarfile
 import threading
 import time
@@ -1875,6 +1876,73 @@ def test_an_archive_that_cannot_be_opened_is_a_store_error(tmp_path: Path, name:
     url = f"zip://store::file://{tmp_path / name}"
     with pytest.raises(StoreError, match=rf"cannot open {re.escape(url)} as a store: .*"):
         Store(url)
+
+
+def _packed_store(tmp_path: Path) -> tuple[str, str]:
+    """A store in ``tmp_path / "store"`` keeping one answer and naming a dataset; its key."""
+    local = LocalStore(tmp_path / "store")
+    key = key_of("features")
+    local.keep(key, b"features", "plain")
+    local.bind("data/v1", local.put(b"dataset"))
+    return key, str(tmp_path / "store")
+
+
+@pytest.mark.parametrize(
+    ("packed", "named"),
+    [(["-C", "store", "."], ""), (["-C", "store", "."], "."), (["./store"], "store")],
+)
+def test_a_store_tarred_with_dot_names_is_read_at_the_prefix_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], packed: list[str], named: str
+) -> None:
+    """A store packed with tar from its own folder (`tar czf store.tar.gz -C store .`), whose
+    files tar names `./blobs/…`, opened at the archive's root (`tar://::file://…`), read as
+    an empty store: every answer a miss, the dataset bound to nothing, and verify found all
+    well, having checked nothing; so did `./store` opened as `store`. It is read where the
+    prefix named, or the same under `.`, holds it."""
+    key, _ = _packed_store(tmp_path)
+    archive = tmp_path / "packed.tar.gz"
+    subprocess.run(["tar", "czf", str(archive), *packed], cwd=tmp_path, check=True)
+    url = f"tar://{named}::file://{archive}"
+    store = Store(url)
+    assert bytes(store.recall(key)[1]) == b"features"
+    assert bytes(store.get(store.resolve("data/v1"))) == b"dataset"
+    found = store.verify()
+    assert found.ok and found.records == 1 and found.names == 1
+    assert main(["store", "ls", "--store", url]) == 0
+    assert "data/v1" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("suffix", [".tgz", ".tar", ".zip"])
+def test_an_archive_cut_short_or_of_another_kind_is_a_store_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], suffix: str
+) -> None:
+    """A store in a tar archive compressed under a name fsspec does not read as such
+    (`store.tgz`), or in a tar or zip archive cut short (copied while tar or zip still wrote
+    it), raised tarfile's ReadError or zipfile's BadZipFile as the store was opened, and
+    every command of `somatize store` printed its traceback. It is a StoreError naming the
+    URL, saying what to do for a compressed tar, and status 2 on the command line."""
+    _packed_store(tmp_path)
+    kind = "zip" if suffix == ".zip" else "tar"
+    whole = shutil.make_archive(
+        str(tmp_path / "packed"), "gztar" if suffix == ".tgz" else kind, tmp_path, "store"
+    )
+    archive = tmp_path / f"store{suffix}"
+    data = Path(whole).read_bytes()
+    if suffix == ".tar":  # cut before its last member: tar reads up to a whole header
+        with tarfile.open(whole) as tar:
+            data = data[: tar.getmembers()[-1].offset - 100]
+    archive.write_bytes(data[: len(data) // 2] if suffix == ".zip" else data)
+    url = f"{kind}://store::file://{archive}"
+    said = rf"cannot open {re.escape(url)} as a store: its archive cannot be read"
+    with pytest.raises(StoreError, match=said):
+        Store(url)
+    assert main(["store", "ls", "--store", url]) == 2
+    err = capsys.readouterr().err
+    assert "cannot open" in err and "Traceback" not in err
+    if suffix == ".tgz":
+        assert "tar={'compression': 'gzip'}" in err
+        opened = Store.on_bucket(url, tar={"compression": "gzip"})
+        assert bytes(opened.recall(key_of("features"))[1]) == b"features"
 
 
 @pytest.mark.parametrize("named_by", ["AWS_CA_BUNDLE", "verify"])

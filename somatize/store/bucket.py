@@ -377,6 +377,21 @@ def _bind_cache(cache: LocalStore, address: str) -> bool:
     )
 
 
+def _unread_archive(error: Exception) -> bool:
+    """Whether ``error``, raised as a URL's filesystem was made, is what reading a zip or
+    tar archive's table of files raises where the file is cut short or is no such archive
+    (a gzip stream ending early raises EOFError, a damaged one zlib's or lzma's error),
+    which fsspec lets through as it opens the archive."""
+    import lzma
+    import tarfile
+    import zipfile
+    import zlib
+
+    return isinstance(
+        error, tarfile.TarError | zipfile.BadZipFile | EOFError | zlib.error | lzma.LZMAError
+    )
+
+
 def _made_without(error: TypeError) -> bool:
     """Whether ``error``, raised as a URL's filesystem was made, says it was made without
     an argument it needs (``reference://`` without ``fo=``: "missing 1 required positional
@@ -463,6 +478,21 @@ class BucketStore(BucketShelf):
                 "what it needs as storage options to `Store.on_bucket` (the `somatize` "
                 "command passes none), or name an s3://, gs:// or az:// bucket"
             ) from why
+        except Exception as why:
+            if not _unread_archive(why):
+                raise
+            compressed = (
+                ": a compressed tar is read where its name says how (`.tar.gz`, `.tar.bz2`, "
+                "`.tar.xz`), or opened with `Store.on_bucket(url, tar={'compression': 'gzip'})`"
+                if str(url).startswith("tar:")
+                else ""
+            )
+            raise StoreError(
+                f"cannot open {url} as a store: its archive cannot be read "
+                f"({type(why).__name__}: {why}); nothing was opened. It is cut short (copied "
+                "or packed while it was written), or no archive of the kind the URL names"
+                f"{compressed}"
+            ) from why
         self.root = str(root).rstrip("/")
         protocol = self.fs.protocol
         self._protocols = set((protocol,) if isinstance(protocol, str) else protocol)
@@ -476,6 +506,8 @@ class BucketStore(BucketShelf):
         self.signer: Signer | None = signer_from(signing_key)
         self.retries = retries
         self.backoff = backoff
+        if self._in_archive("read") is not None:
+            self.root = self._packed_root()
         # A prefix inside another store's names/, each file under which that store reads as
         # a name (one listing per part of the prefix so named, none for another). Its other
         # sections are listed at the depth it writes in, and what lies deeper left alone.
@@ -508,6 +540,17 @@ class BucketStore(BucketShelf):
     @property
     def _sweeps_strays(self) -> bool:
         return not self._atomic  # under a bucket's prefix they are a user's
+
+    def _packed_root(self) -> str:
+        """Where the store in an archive lies: at the prefix named, or, where that holds no
+        store, at the same prefix under ``.`` where that holds one. ``tar -C store .`` (as
+        a store is packed from its own folder) names its files ``./blobs/…``, so the
+        archive's root holds ``.`` alone, and ``tar cf store.tar ./store`` names them
+        ``./store/blobs/…``."""
+        dotted = f"./{self.root}".rstrip("/")
+        if self._holds_store() or not self._holds_store(dotted):
+            return self.root
+        return dotted
 
     def _may_hold_store(self, root: str) -> bool:
         """Whether ``root`` holds a store, as far as these credentials may list it: one
