@@ -212,6 +212,35 @@ def test_a_dataloader_worker_writes_down_what_it_recalled_for_a_gc_elsewhere(
     assert LocalStore(root).have([used, unused]) == {used}
 
 
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_use_stamped_ahead_of_the_clock_in_a_directory_ages_from_a_gc(
+    tmp_path: Path, packed: bool
+) -> None:
+    """A local store copied with its files' times (`rsync -a`, `cp -a`, tar) from a machine
+    whose clock ran years fast holds a record or pack index stamped then: a gc took it for
+    the most recently used at every run until that time came, so a gc with max_bytes
+    dropped an answer just used to keep one nobody used since. A time later than the gc's
+    clock is taken as a use at that gc, and ages from there."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    stamped, fresh = key_of(1), key_of(2)
+    if packed:
+        store.keep_many([(stamped, b"o" * 5_000), (key_of(3), b"p" * 5_000)], "plain")
+        (index,) = (root / "packs").iterdir()
+    else:
+        store.keep(stamped, b"o" * 10_000, "plain")
+        index = store.answer_path(stamped)
+    store.keep(fresh, b"n" * 10_000, "plain")
+    os.utime(index, (1e11, 1e11))  # the year 5138
+    assert store.gc(grace=0).answers == 0
+    assert index.stat().st_mtime <= time.time()
+    store.recall(fresh)
+    store.close()
+    done = LocalStore(root).gc(max_bytes=15_000, grace=0)
+    assert (done.answers, done.packs) == ((0, 1) if packed else (1, 0))
+    assert LocalStore(root).have([stamped, fresh]) == {fresh}
+
+
 @pytest.mark.parametrize("when", ["after its last look", "as it removes the blob"])
 def test_gc_spares_a_blob_put_again_and_referred_to_after_its_last_look(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str

@@ -401,6 +401,14 @@ class LocalShelf(LocalFiles):
     def _uses(self) -> dict[tuple[str, str], float]:
         return {}
 
+    def _used_at(self, names: dict[str, list[str]], when: float) -> None:
+        """A record's or pack index's file time is when it was last used, so one later than
+        a gc's clock (a store copied with its times, by ``rsync -a`` or tar, from a machine
+        whose clock ran ahead) is set to the gc's: it would otherwise stay the newest at
+        every gc until that time comes."""
+        answers = {f"blake3:{name.rsplit('/', 1)[-1]}": when for name in names.get("answers", ())}
+        _write_uses(str(self.root), answers, {f"blake3:{n}": when for n in names.get("packs", ())})
+
 
 def _within(path: str, homes: tuple[str, ...]) -> bool:
     """Whether the real ``path`` of a folder lies in one of the real folders ``homes``."""

@@ -148,6 +148,8 @@ class Shelf(Protocol):
 
     def _uses(self) -> dict[tuple[str, str], float]: ...
 
+    def _used_at(self, names: dict[str, list[str]], when: float) -> None: ...
+
     def _forget_all(self) -> None: ...
 
     def _own_writes(self) -> set[str]: ...
@@ -457,6 +459,7 @@ def _collect(
     pinned: set[str] = set()
     kept = 0
     units: list[_Unit] = []
+    ahead_of_clock: set[tuple[str, str]] = set()
     read = _read_all(shelf, wrap, check_key)
     for section, entry, held_here, _, stray, _ in read:
         blob = _blob_of(held_here)
@@ -466,7 +469,9 @@ def _collect(
                 pinned.add(blob)  # whatever its signature: names are never collected
         elif blob is not None:
             used = max(entry.mtime, uses.get((section, entry.name), 0.0))
-            units.append(_Unit(section, entry.name, entry.size, used, blob))
+            if used > now:  # stamped by a clock that ran ahead: a use now, aging from here
+                ahead_of_clock.add((section, entry.name))
+            units.append(_Unit(section, entry.name, entry.size, min(used, now), blob))
     held: set[str] = set(pinned)
     kept += sum(blobs[d].size for d in pinned if d in blobs)
     units.sort(key=lambda unit: unit.used, reverse=True)
@@ -493,6 +498,12 @@ def _collect(
     out.freed += sum(u.size for u in dropped["answers"] if u.name in gone)
     out.freed += sum(u.size for u in dropped["packs"])
     spared = {unit.name for unit in dropped["answers"]} - gone
+    if ahead_of_clock:  # kept: their files are given this gc's time, to age from
+        gone_here = {(unit.section, unit.name) for unit in dropped["answers"] + dropped["packs"]}
+        stamped: dict[str, list[str]] = {"answers": [], "packs": []}
+        for section, name in sorted(ahead_of_clock - gone_here):
+            stamped[section].append(name)
+        shelf._used_at(stamped, now)
     sweep = [e for d, e in blobs.items() if d not in held and now - e.mtime >= grace]
     out.young = sum(e.size for d, e in blobs.items() if d not in held and now - e.mtime < grace)
     if sweep:
