@@ -704,6 +704,31 @@ def test_a_use_stamped_ahead_of_the_clock_is_taken_as_a_use_then(ahead: bytes) -
     assert _left_after_gc(store, [stamped, fresh]) == {fresh}
 
 
+def test_a_file_stamped_ahead_of_the_clock_in_a_file_url_store_ages_from_a_gc(
+    tmp_path: Path,
+) -> None:
+    """A store at a ``file://`` URL has its files stamped as a directory does, so one copied
+    with their times (``rsync -a``, tar) from a machine whose clock ran years fast held a
+    record, a blob no record names and a write left in ``tmp/`` stamped then: the record
+    was the most recently used at every gc, and the others younger than any grace, never
+    removed. Each is set to the gc's time, and ages from there; an object store's are
+    stamped by its server."""
+    store = Store(f"file://{tmp_path / 'store'}")
+    assert isinstance(store, BucketStore)
+    key, blob = key_of("stamped ahead"), store.put(b"b" * 1_000)
+    store.keep(key, b"o" * 1_000, "plain")
+    root = tmp_path / "store"
+    left = root / "tmp" / "4242-writing.part"
+    left.write_bytes(b"w" * 1_000)
+    ahead = [root / "answers" / key[7:9] / key[7:], root / "blobs" / blob[7:9] / blob[7:], left]
+    for path in ahead:
+        os.utime(path, (1e11, 1e11))  # the year 5138
+    before = time.time()
+    done = Store(store.url).gc(grace=60)
+    assert (done.answers, done.blobs, done.abandoned, done.young) == (0, 0, 0, 1_000)
+    assert all(before - 1 <= path.stat().st_mtime <= time.time() for path in ahead)
+
+
 @pytest.mark.parametrize("damaged", [b'"soon"', b"null", b"[1]"])
 def test_a_damaged_time_in_a_use_log_loses_that_time_alone(damaged: bytes) -> None:
     """A ``used/`` log holding one time that is no time (text, null, a list) lost every

@@ -241,6 +241,50 @@ def test_a_use_stamped_ahead_of_the_clock_in_a_directory_ages_from_a_gc(
     assert LocalStore(root).have([stamped, fresh]) == {fresh}
 
 
+def _stamped_ahead(root: Path, section: str) -> Path:
+    """A blob no record names, or a write left in ``tmp/``, of 1,000 bytes in the store at
+    ``root``, stamped years ahead (a store copied with its files' times from a machine whose
+    clock ran fast)."""
+    if section == "blobs":
+        path = LocalStore(root).blob_path(LocalStore(root).put(b"b" * 1_000))
+    else:
+        path = root / "tmp" / "4242-writing.part"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(b"b" * 1_000)
+    os.utime(path, (1e11, 1e11))  # the year 5138
+    return path
+
+
+@pytest.mark.parametrize("section", ["blobs", "tmp"])
+def test_a_blob_or_write_stamped_ahead_of_the_clock_in_a_directory_ages_from_a_gc(
+    tmp_path: Path, section: str
+) -> None:
+    """The copy that stamps records ahead leaves a blob no record names, or a write left in
+    ``tmp/``, stamped so too: it looked younger than any grace at every gc, and no gc
+    removed it. A time later than the gc's clock is taken as made at that gc, and set to
+    it, so that it ages from there."""
+    root = tmp_path / "store"
+    path = _stamped_ahead(root, section)
+    before = time.time()
+    done = LocalStore(root).gc(grace=60)
+    assert (done.blobs, done.abandoned, path.exists()) == (0, 0, True)
+    assert done.young == (1_000 if section == "blobs" else 0)
+    assert before - 1 <= path.stat().st_mtime <= time.time()
+
+
+@pytest.mark.parametrize("section", ["blobs", "tmp"])
+def test_gc_with_no_grace_removes_a_blob_or_write_stamped_ahead_of_the_clock(
+    tmp_path: Path, section: str
+) -> None:
+    """``grace=0`` spares no blob nothing refers to and no write in ``tmp/``: one stamped
+    years ahead neither, which counts as made at that gc."""
+    root = tmp_path / "store"
+    path = _stamped_ahead(root, section)
+    done = LocalStore(root).gc(grace=0)
+    assert (done.blobs, done.abandoned) == ((1, 0) if section == "blobs" else (0, 1))
+    assert not path.exists()
+
+
 @pytest.mark.parametrize("when", ["after its last look", "as it removes the blob"])
 def test_gc_spares_a_blob_put_again_and_referred_to_after_its_last_look(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str

@@ -29,6 +29,7 @@ from datetime import datetime
 from typing import Any
 
 from somatize.store._bucket_requests import BucketRequests
+from somatize.store._local_upkeep import _set_times
 from somatize.store._packed import hash_bytes
 from somatize.store.base import StoreError, check_digest, moment
 from somatize.store.local import LocalStore
@@ -250,6 +251,15 @@ class BucketShelf(BucketRequests):
         if merging is not None and section in ("answers", "packs"):
             merging[2].update((section, entry.name) for entry in out)
         return out
+
+    def _stamp(self, names: dict[str, list[str]], when: float) -> None:
+        """An object store stamps its objects by its server's clock, and a log of uses is
+        taken at the gc's time as it is merged, so nothing is set there. A plain filesystem
+        (``file://``) stamps them as a directory does, and keeps the times a copy made with
+        them (``rsync -a``, tar) says: they are set, as in a local store."""
+        if not self._atomic:
+            stamped = {section: dict.fromkeys(listed, when) for section, listed in names.items()}
+            _set_times(self.fs._strip_protocol(self.root), stamped)
 
     def _clock_ahead(self) -> float:
         """How far this machine's clock runs ahead of the server's, which stamps the time of

@@ -46,14 +46,20 @@ from somatize.store.upkeep import Entry, _laid_out, blob_digest
 def _write_uses(root: str, answers: dict[str, float], packs: dict[str, float]) -> None:
     """Sets the file time of each record (``answers``: key → time) and pack index (``packs``:
     id → time) to when it was last used; files gone meanwhile are skipped."""
-    sep = os.sep
-    for section, used in (("answers", answers), ("packs", packs)):
-        for digest, when in used.items():
-            hexed = digest[7:]
-            shard = f"{hexed[:2]}{sep}" if section == "answers" else ""
-            # Gone meanwhile, or read-only: recency is advice, never an error.
+    records = {f"{key[7:9]}/{key[7:]}": when for key, when in answers.items()}
+    indexes = {pack[7:]: when for pack, when in packs.items()}
+    _set_times(root, {"answers": records, "packs": indexes})
+
+
+def _set_times(root: str, times: dict[str, dict[str, float]]) -> None:
+    """Sets the time of each file of the store at ``root`` named in ``times`` (section → its
+    name there → time); files gone meanwhile are skipped."""
+    for section, named in times.items():
+        base = f"{root}{os.sep}{section}{os.sep}"
+        for name, when in named.items():
+            # Gone meanwhile, or read-only: a time is advice, never an error.
             with contextlib.suppress(OSError):
-                os.utime(f"{root}{sep}{section}{sep}{shard}{hexed}", (when, when))
+                os.utime(base + name.replace("/", os.sep), (when, when))
 
 
 _USERS: tuple[int, weakref.WeakSet[LocalShelf]] | None = None
@@ -401,13 +407,11 @@ class LocalShelf(LocalFiles):
     def _uses(self) -> dict[tuple[str, str], float]:
         return {}
 
-    def _used_at(self, names: dict[str, list[str]], when: float) -> None:
-        """A record's or pack index's file time is when it was last used, so one later than
-        a gc's clock (a store copied with its times, by ``rsync -a`` or tar, from a machine
-        whose clock ran ahead) is set to the gc's: it would otherwise stay the newest at
-        every gc until that time comes."""
-        answers = {f"blake3:{name.rsplit('/', 1)[-1]}": when for name in names.get("answers", ())}
-        _write_uses(str(self.root), answers, {f"blake3:{n}": when for n in names.get("packs", ())})
+    def _stamp(self, names: dict[str, list[str]], when: float) -> None:
+        """A file's time is when a record or pack index was last used, or a blob or a write
+        in ``tmp/`` made, so one later than a gc's clock (a store copied with its times, by
+        ``rsync -a`` or tar, from a machine whose clock ran ahead) is set to the gc's."""
+        _set_times(str(self.root), {s: dict.fromkeys(listed, when) for s, listed in names.items()})
 
 
 def _within(path: str, homes: tuple[str, ...]) -> bool:

@@ -524,11 +524,12 @@ class PackedHome(Store):
     def _uses(self) -> dict[tuple[str, str], float]:
         """(section, name) → when last used, where that is not the file's own time."""
 
-    def _used_at(self, names: dict[str, list[str]], when: float) -> None:
-        """Notes that the records and pack indexes ``names`` (section → names), whose files
-        say a time later than a gc's clock, were last used at ``when``, the gc's time, so
-        that they age from there. A home whose files are stamped by its server, and whose
-        logs of uses are taken at the gc's time as they are merged (a bucket), sets none."""
+    def _stamp(self, names: dict[str, list[str]], when: float) -> None:
+        """Sets the time of the files ``names`` (section → names there: records, pack
+        indexes, blobs, writes in ``tmp/``), which say a time later than a gc's clock, to
+        ``when``, the gc's time, so that they age from there. A home whose files are stamped
+        by its server, and whose logs of uses are taken at the gc's time as they are merged
+        (an object store), sets none."""
 
     def _copy_index(self, pack: PackIndex, data: bytes) -> None:
         """Keeps a copy of index ``data``, read from the home (a cache in front does)."""

@@ -148,7 +148,7 @@ class Shelf(Protocol):
 
     def _uses(self) -> dict[tuple[str, str], float]: ...
 
-    def _used_at(self, names: dict[str, list[str]], when: float) -> None: ...
+    def _stamp(self, names: dict[str, list[str]], when: float) -> None: ...
 
     def _forget_all(self) -> None: ...
 
@@ -404,6 +404,30 @@ def _referred_since(shelf: Shelf, seen: dict[tuple[str, str], Entry]) -> set[str
     return out
 
 
+def _by_age(entries: list[Entry], now: float, grace: float) -> tuple[list[Entry], list[Entry]]:
+    """Those of ``entries`` ``grace`` seconds old or more at ``now``, and those younger. One
+    stamped later than ``now`` (a store copied with its files' times from a machine whose
+    clock ran ahead) is as old as one made at ``now``, not younger than any grace until
+    that time comes."""
+    old: list[Entry] = []
+    young: list[Entry] = []
+    for entry in entries:
+        (old if now - min(entry.mtime, now) >= grace else young).append(entry)
+    return old, young
+
+
+def _stamp_kept(shelf: Shelf, found: set[tuple[str, str]], now: float) -> None:
+    """Sets the time of each file ``found`` (section, name), one a gc at ``now`` keeps and
+    whose file says a later time, to ``now``, so that it ages from there: a record or
+    pack index would otherwise stay the most recently used, and a blob or a write in
+    ``tmp/`` younger than the grace, at every gc until that time comes."""
+    stamped: dict[str, list[str]] = {}
+    for section, name in sorted(found):
+        stamped.setdefault(section, []).append(name)
+    if stamped:
+        shelf._stamp(stamped, now)
+
+
 def collect(
     shelf: Shelf,
     max_bytes: int | None,
@@ -498,14 +522,11 @@ def _collect(
     out.freed += sum(u.size for u in dropped["answers"] if u.name in gone)
     out.freed += sum(u.size for u in dropped["packs"])
     spared = {unit.name for unit in dropped["answers"]} - gone
-    if ahead_of_clock:  # kept: their files are given this gc's time, to age from
-        gone_here = {(unit.section, unit.name) for unit in dropped["answers"] + dropped["packs"]}
-        stamped: dict[str, list[str]] = {"answers": [], "packs": []}
-        for section, name in sorted(ahead_of_clock - gone_here):
-            stamped[section].append(name)
-        shelf._used_at(stamped, now)
-    sweep = [e for d, e in blobs.items() if d not in held and now - e.mtime >= grace]
-    out.young = sum(e.size for d, e in blobs.items() if d not in held and now - e.mtime < grace)
+    sweep, young = _by_age([e for d, e in blobs.items() if d not in held], now, grace)
+    out.young = sum(e.size for e in young)
+    ahead_of_clock.update(("blobs", e.name) for e in young if e.mtime > now)
+    ahead_of_clock -= {(unit.section, unit.name) for unit in dropped["answers"] + dropped["packs"]}
+    _stamp_kept(shelf, ahead_of_clock, now)
     if sweep:
         # Look again: a writer may have put one of these again (which touches it) and
         # published a record referring to it since the store was listed (a record spared
@@ -518,13 +539,11 @@ def _collect(
         held |= _referred_since(shelf, seen)
         now = time.time() - ahead
         again = {e.name: e for e in shelf._entries("blobs")}
-        sweep = [  # each as this last look found it
-            again[e.name]
-            for e in sweep
-            if blob_digest(e.name) not in held
-            and e.name in again
-            and now - again[e.name].mtime >= grace
-        ]
+        sweep, _ = _by_age(  # each as this last look found it
+            [again[e.name] for e in sweep if blob_digest(e.name) not in held and e.name in again],
+            now,
+            grace,
+        )
     # Never a blob a keep of this store object is putting now, whatever the grace; one
     # put by another thread of it from now on waits until this removal is done.
     with shelf._removing_blobs({blob_digest(e.name) for e in sweep}) as free:
@@ -537,8 +556,9 @@ def _collect(
     own = shelf._own_writes()  # after the listing: every write it lists was noted before
     if writes and tmp_grace and not measured:  # weighed against a grace, on the same clock
         now = time.time() - shelf._clock_ahead()
-    stale = [e for e in writes if now - e.mtime >= tmp_grace and e.name not in own]
+    stale, left = _by_age([e for e in writes if e.name not in own], now, tmp_grace)
     shelf._remove("tmp", [e.name for e in stale])
+    _stamp_kept(shelf, {("tmp", e.name) for e in left if e.mtime > now}, now)
     out.abandoned = len(stale)
     out.freed += sum(e.size for e in stale)
     # What is left of what was listed: what grace spared, and records kept anew, included.
