@@ -44,7 +44,8 @@ from torch.utils._pytree import tree_leaves, tree_map
 
 from somatize import CODECS, Graph, Opaque, canonical
 from somatize.codecs import CodecError
-from somatize.engine import Record
+from somatize.engine import NodeFailed, Record
+from somatize.errors import SomatizeError
 from somatize.plan import declared_again
 from somatize_torch._errors import (
     CachedInputNeedsGrad,
@@ -517,12 +518,34 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
         # what this call changes of it is said by that watch (not kept if it did).
         node._settings, node._declared = held._settings, held._declared
         node.keyed_as(held)
-    with torch.no_grad():
-        out = solo.forward(Opaque(tuple(args), TENSOR), store=store, watching=facts.append)
+    raised: Exception | None = None
+    try:
+        with torch.no_grad():
+            out = solo.forward(Opaque(tuple(args), TENSOR), store=store, watching=facts.append)
+    except NodeFailed as failed:
+        raised = _own_error(failed)
+        if raised is None:
+            raise
+    if raised is not None:
+        # Raised here, out of the handler: the module's error as it raised it, not chained
+        # to the engine's report of it.
+        raise raised
     if held is not node:
         held._settings = node._settings  # taken again where the call gave values anew as they were
     self.owner._noted(name, Record(facts))
     return _placed(out, tensors[0].device) if tensors else out
+
+
+def _own_error(failed: NodeFailed) -> Exception | None:
+    """The error the module raised that ``failed`` reports, where it is the module's own
+    (torch's out-of-memory error on a batch too large, a hook's, a check of the input's):
+    raised as the model raises it, so that a loop catching it (to run the batch in halves)
+    catches it with the part cached as without. Nothing was kept for the call. None where
+    the engine refused the call itself."""
+    error = failed.__cause__
+    if isinstance(error, Exception) and not isinstance(error, SomatizeError):
+        return error
+    return None
 
 
 def _check_records_none(self: _Cached, name: str, args: tuple[Any, ...]) -> None:

@@ -7909,6 +7909,61 @@ def test_a_forward_that_fails_inside_a_block_leaves_the_modes_as_they_were(
     assert out.dtype == expected.dtype and out.is_inference() == expected.is_inference()
 
 
+class RunsOutOfMemory(nn.Module):
+    """Runs out of memory on a batch of more than four rows, as an encoder on a GPU does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 4:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return torch.tanh(self.linear(x))
+
+
+class OnRunsOutOfMemory(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = RunsOutOfMemory()
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(x))
+
+
+def _in_halves(call: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``call(x)``, run again on each half of ``x`` where it runs out of memory: a loop's
+    way with a batch too large for its device."""
+    try:
+        return call(x)
+    except torch.OutOfMemoryError:
+        half = len(x) // 2
+        return torch.cat([_in_halves(call, x[:half]), _in_halves(call, x[half:])])
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_a_cached_part_that_raises_raises_its_own_error_as_the_model_does(
+    store: Store, kept: bool
+) -> None:
+    """A cached part that raises (a CUDA out-of-memory error on a batch too large) raises
+    its own error, as the model does and as the same wrapped model without a store does:
+    a loop that catches it and runs the batch in halves runs so, and every call after it
+    answers as the model does, the halves recalled at the next pass."""
+    model = OnRunsOutOfMemory()
+    plain = copy.deepcopy(model).requires_grad_(False).eval()
+    wrapped = _encoder_frozen(model, store if kept else None)
+    with pytest.raises(torch.OutOfMemoryError, match="CUDA out of memory"):
+        wrapped(torch.randn(8, 4))
+    x = torch.randn(16, 4)
+    for _ in range(2):
+        with torch.no_grad():
+            assert torch.equal(_in_halves(wrapped, x), _in_halves(plain, x))
+    assert not wrapped.encoder.training
+    if kept:
+        assert wrapped.counts["encoder"] == {"ran": 4, "kept": 4, "recalled": 4}
+
+
 class Weighs(OnTempered):
     """Weighs its output by a matrix it makes from numbers."""
 
