@@ -3021,6 +3021,37 @@ def test_a_module_that_cannot_answer_one_row_alone_is_refused(store: Store) -> N
     cached.close()
 
 
+class OutOfMemoryAlone(nn.Module):
+    """Runs out of memory on a batch of one row while ``tight``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.tight = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tight and len(x) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory")
+        return self.linear(x)
+
+
+def test_out_of_memory_as_one_row_runs_alone_is_raised_as_it_was(store: Store) -> None:
+    """Running out of device memory as the check runs a row alone says nothing of how the
+    module answers rows: it reaches the caller as torch raised it (a loop catching it runs
+    the batch again in halves), not as a refusal of the module, and nothing is kept."""
+    torch.manual_seed(0)
+    module = OutOfMemoryAlone()
+    cached = cache_rows(module, store)
+    batch = torch.randn(6, 4)
+    with pytest.raises(torch.OutOfMemoryError, match="out of memory"):
+        cached(batch)
+    assert cached.tiers[0].rows == 0
+    module.tight = False
+    assert torch.equal(cached(batch), module.linear(batch))
+    assert cached.tiers[0].rows == 6
+    cached.close()
+
+
 @pytest.mark.parametrize(
     ("make", "said"),
     [
