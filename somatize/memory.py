@@ -55,7 +55,9 @@ NodeId = str
 class Shape(Protocol):
     """The little of a graph this module needs: who reads whom."""
 
-    def nodes(self) -> Sequence[NodeId]: ...
+    def nodes(self) -> Sequence[NodeId]:
+        """Every node, each after everything it reads."""
+        ...
 
     def predecessors(self, node: NodeId) -> Sequence[NodeId]: ...
 
@@ -339,11 +341,14 @@ class NotSettled(_Rebuilt, MemoryError_):
         super().__init__(message)
 
 
-def upstream(graph: Shape, node: NodeId) -> list[NodeId]:
-    """``node`` and everything it reads, transitively, **nearest first** — so what an
-    error names is the closest thing to the problem and not the furthest."""
-    seen = {node}
-    out = [node]
+def upstream(graph: Shape, *nodes: NodeId) -> list[NodeId]:
+    """``nodes`` and everything they read, transitively, **nearest first** — so what an
+    error names is the closest thing to the problem and not the furthest. Each node is
+    walked once however many of ``nodes`` read it: what a graph's cached nodes need is
+    one walk, not one per cached node (a chain of a thousand cached nodes would walk
+    half a million)."""
+    out = list(dict.fromkeys(nodes))
+    seen = set(out)
     at = 0
     while at < len(out):
         for above in graph.predecessors(out[at]):
@@ -365,8 +370,20 @@ def cacheable(graph: Shape, memory: Memory) -> None:
     never hits and only fills the store. Being identified is checked in the same
     walk, since a chain of keys with a hole in it delivers no key below.
     """
+    # Which nodes have an offender at or above them, in one pass (each node comes after
+    # everything it reads): only the first cached one of those is walked, nearest first,
+    # for the offender to name, so a graph of many cached nodes costs a walk of each edge,
+    # not one walk of its whole upstream per cached node.
+    doubtful: set[NodeId] = set()
     for node in graph.nodes():
-        if not memory.is_cached(node):
+        if (
+            not memory.is_frozen(node)
+            or memory.identity_of(node) is None
+            or not doubtful.isdisjoint(graph.predecessors(node))
+        ):
+            doubtful.add(node)
+    for node in graph.nodes():
+        if node not in doubtful or not memory.is_cached(node):
             continue
         for above in upstream(graph, node):
             if not memory.is_frozen(above):

@@ -134,9 +134,7 @@ def static_of(graph: Graph) -> Static:
         return found
     cacheable(graph, memory)
     cached = [n for n in graph.nodes() if memory.is_cached(n)]
-    needed: set[str] = set()
-    for node in cached:
-        needed.update(upstream(graph, node))
+    needed = set(upstream(graph, *cached))
     settled(graph, memory, [n for n in graph.nodes() if n in needed])
     keyed = tuple(n for n in graph.nodes() if n in needed)
     prefix = {}
