@@ -54,7 +54,7 @@ import struct
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import blake3
@@ -376,31 +376,30 @@ class PackIndex:
     created: float
     entries: dict[str, tuple[int, int]]
     """Item key → (offset, length) in the blob."""
-    _answers: dict[str, Answer] = field(default_factory=dict, compare=False, repr=False)
 
     def answer(self, key: str) -> Answer:
-        """The record of item ``key`` of this pack (made once: a pack never changes, and a
-        recall of many rows asks for many records every step). It is filled in whole, not
+        """The record of item ``key`` of this pack, made anew at each call and kept by
+        nobody: a store holds a table of every pack's items, and a record kept for each
+        item recalled would more than double what that table holds (about 370 bytes an
+        item: 370 MB for a million rows of eight floats). It is filled in whole, not
         field by field as a frozen dataclass's ``__init__`` does: a pack just kept hands
-        back the records of thousands of items."""
-        found = self._answers.get(key)
-        if found is None:
-            offset, length = self.entries[key]
-            found = object.__new__(Answer)
-            object.__setattr__(
-                found,
-                "__dict__",
-                {
-                    "key": key,
-                    "value": self.blob,
-                    "codec": self.codec,
-                    "size": length,
-                    "fingerprint": self.fingerprint,
-                    "created": self.created,
-                    "offset": offset,
-                },
-            )
-            self._answers[key] = found
+        back the records of thousands of items, and a recall of many rows asks for many
+        records every step."""
+        offset, length = self.entries[key]
+        found = object.__new__(Answer)
+        object.__setattr__(
+            found,
+            "__dict__",
+            {
+                "key": key,
+                "value": self.blob,
+                "codec": self.codec,
+                "size": length,
+                "fingerprint": self.fingerprint,
+                "created": self.created,
+                "offset": offset,
+            },
+        )
         return found
 
 
