@@ -23,6 +23,7 @@ import hashlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from somatize._threads import make_room
 from somatize.memory import upstream
 
 if TYPE_CHECKING:
@@ -76,11 +77,7 @@ def _remember_code(
     for node, worked_out in fingerprint.items():
         if worked_out in _CODE:
             continue
-        while len(_CODE) >= _KNOWN_CODE:
-            try:  # the oldest; threads building plans at once may have taken it already
-                _CODE.pop(next(iter(_CODE)), None)
-            except (StopIteration, RuntimeError):
-                break
+        make_room(_CODE, _KNOWN_CODE)
         _CODE[worked_out] = (written[node], tuple(fingerprint[p] for p in preds[node]))
 
 

@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from queue import SimpleQueue
+from typing import Any
 
 import blake3
 
@@ -25,6 +26,7 @@ __all__ = [
     "StartedPool",
     "hash_read",
     "hash_threads",
+    "make_room",
     "process_pool",
     "start_thread",
 ]
@@ -67,6 +69,17 @@ def hash_read(handle: io.RawIOBase | io.BufferedIOBase, size: int) -> str | None
         hasher.update(room[:read])
         got += read
     return "blake3:" + hasher.hexdigest()
+
+
+def make_room(table: dict[Any, Any], most: int) -> None:
+    """Drops the oldest entries of ``table``, a dict kept in the order its entries came, until
+    it holds fewer than ``most``, for one more: a table of what was seen last, which threads
+    add to at once without a lock (one may have taken the oldest already)."""
+    while len(table) >= most:
+        try:
+            table.pop(next(iter(table)), None)
+        except (StopIteration, RuntimeError):  # emptied, or changed as it was looked at
+            break
 
 
 def process_pool(name: str, workers: int) -> ThreadPoolExecutor:

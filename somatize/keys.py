@@ -3,7 +3,7 @@
 ::
 
     key(root) = H(content of the input)          the only place data is hashed
-    key(node) = H(identity, declaration, state, salt, keys of its predecessors)
+    key(node) = H(identity, declaration, state, salt, [precision,] keys of its predecessors)
 
 H is BLAKE3-256 over the canonical encoding (:mod:`somatize.canonical`), behind
 a domain tag that carries :data:`KEY_VERSION`; keys are written
@@ -16,6 +16,12 @@ reads, so an item's answer is found whatever list it came in. Its parts are
 tagged as mapped: item ``v`` of a mapped node and the same node, unmapped,
 handed ``v`` whole are two questions (a list of item answers against one answer
 to the whole), and never share a key; an unmapped node's parts carry no tag.
+
+A forward called in another precision than torch's default (under autocast, another
+default dtype, TF32: :mod:`somatize._precision`) asks another question of each node
+that computes: its key names that precision after its fixed parts
+(:func:`in_precision`); one called in the default precision names none, and keeps the
+key it always had.
 """
 
 from __future__ import annotations
@@ -27,10 +33,12 @@ from typing import Any
 import blake3
 
 from somatize import canonical
+from somatize._threads import make_room
 from somatize.codecs import Opaque
 
 __all__ = [
     "KEY_VERSION",
+    "in_precision",
     "item_key",
     "node_key",
     "node_prefix",
@@ -83,11 +91,7 @@ def root_key(value: Any, where: str = "the input") -> str:
         if flat is not None:
             key = "blake3:" + blake3.blake3(_ROOT + flat).hexdigest()
             if exact and len(flat) <= _SEEN_BYTES:
-                while len(_SEEN) >= _SEEN_MOST:
-                    try:  # the oldest; threads keying at once may have taken it already
-                        _SEEN.pop(next(iter(_SEEN)), None)
-                    except (StopIteration, RuntimeError):
-                        break
+                make_room(_SEEN, _SEEN_MOST)
                 _SEEN[entries] = key
             return key
     if isinstance(value, Opaque):
@@ -126,6 +130,13 @@ def node_prefix(
         + canonical.encode(state)
         + canonical.encode(salt)
     )
+
+
+def in_precision(prefix: bytes, precision: Sequence[tuple[str, str]]) -> bytes:
+    """The fixed parts ``prefix`` (:func:`node_prefix`) of a node called in ``precision``,
+    which is not the default: what differs from it, each as (what, its value), sorted,
+    after them (where the input keys follow a prefix without it)."""
+    return prefix + canonical.encode({"precision": sorted(map(list, precision))})
 
 
 def node_key(prefix: bytes, inputs: Sequence[str]) -> str:

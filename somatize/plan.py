@@ -39,6 +39,7 @@ This module holds the keys and the walk; its parts are the code an answer depend
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -48,6 +49,8 @@ from somatize._code import _remember_code, changed_code, code_fingerprints
 from somatize._look_again import Recipe as Recipe
 from somatize._look_again import declared_again as declared_again
 from somatize._look_again import look_again
+from somatize._precision import Precision, keyed_in_precision, precision_now
+from somatize._threads import make_room
 from somatize.memory import cacheable, settled, upstream
 
 if TYPE_CHECKING:
@@ -68,6 +71,8 @@ _KNOWN_INPUTS = 256
 """How many inputs' node keys a graph state remembers (see :attr:`Static.known`)."""
 _KNOWN_WALKS = 8
 """How many walks a remembered input keeps (see :attr:`Static.known`)."""
+_PRECISIONS = 8
+"""How many precisions a graph state keeps its keying in (see :attr:`Static.precisions`)."""
 
 Walked = tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], frozenset[str], frozenset[str]]
 """What :meth:`Plan.walk` decides: recall, run, spared, and the first two as sets."""
@@ -120,6 +125,38 @@ class Static:
     in one hash; and what the walk decided for it, by the outputs asked for and the keys
     the store had — it follows from those, the keys and this graph state alone — for up to
     :data:`_KNOWN_WALKS` of them."""
+    precise: frozenset[str] = frozenset()
+    """The keyed nodes whose keys name the precision a forward is called in where it is not
+    the default (:func:`~somatize._precision.keyed_in_precision`): all but those whose
+    declaration names it itself."""
+    precisions: dict[Precision, Static] = field(default_factory=dict)
+    """This graph state keyed in each of the last :data:`_PRECISIONS` precisions other than
+    the default that a forward was called in (:meth:`under`)."""
+
+    def under(self, precision: Precision | None) -> Static:
+        """This graph state as a forward called in ``precision`` keys it: itself in the
+        default precision (None) or where no keyed node is keyed by it; else with the fixed
+        parts of each node of :attr:`precise` naming it (:func:`~somatize.keys.in_precision`),
+        derived once per precision, and inputs remembered apart (:attr:`known`)."""
+        if precision is None or not self.precise:
+            return self
+        found = self.precisions.get(precision)
+        if found is not None:
+            return found
+        prefix = {
+            node: keying.in_precision(fixed, precision) if node in self.precise else fixed
+            for node, fixed in self.prefix.items()
+        }
+        steps = tuple(
+            (node, keying.node_head(prefix[node], max(len(preds), 1)), preds, itemized)
+            for node, _, preds, itemized in self.steps
+        )
+        found = dataclasses.replace(
+            self, prefix=prefix, steps=steps, known={}, precise=frozenset(), precisions={}
+        )
+        make_room(self.precisions, _PRECISIONS)
+        self.precisions[precision] = found
+        return found
 
 
 def static_of(graph: Graph) -> Static:
@@ -196,6 +233,7 @@ def static_of(graph: Graph) -> Static:
         itemized=tuple(n for n in cached if n in mapped and n not in late),
         shared=shared,
         sharing=frozenset(r for node in shared for r in graph.successors(node)),
+        precise=frozenset(n for n in keyed if keyed_in_precision(graph.node(n))),
     )
     graph._static = static
     return static
@@ -299,6 +337,8 @@ def compile(
         return plan
     if static is None:
         static = static_of(graph)
+    if static.precise:  # read in the thread that calls the forward: autocast is kept per thread
+        static = static.under(precision_now())
     plan = Plan(static)
     if static.keyed and not static.itemwise:
         root = plan.root = keying.root_key(x)
@@ -307,13 +347,8 @@ def compile(
             plan.keys = _node_keys(static, root)
             asked = [plan.keys[n] for n in static.whole]
             walks: dict[tuple[tuple[str, ...], frozenset[str]], Walked] = {}
-            known = static.known
-            while len(known) >= _KNOWN_INPUTS:
-                try:  # the oldest; threads planning at once may have taken it already
-                    known.pop(next(iter(known)), None)
-                except (StopIteration, RuntimeError):
-                    break
-            known[root] = (plan.keys, asked, walks)
+            make_room(static.known, _KNOWN_INPUTS)
+            static.known[root] = (plan.keys, asked, walks)
         else:
             plan.keys, asked, walks = found  # read, never written, after planning
         plan.have = store.have(asked) if asked else set()

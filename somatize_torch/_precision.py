@@ -15,6 +15,8 @@ Each is named only where it is not torch's default, so the usual keys do not cha
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -61,22 +63,60 @@ def _per_backend() -> bool:
     )
 
 
+_READ_AS = {
+    ("cuda", "matmul"): ("cuda", "matmul"),
+    ("cudnn", "conv"): ("cuda", "conv"),
+    ("cudnn", "rnn"): ("cuda", "rnn"),
+    ("mkldnn", "matmul"): ("mkldnn", "matmul"),
+    ("mkldnn", "conv"): ("mkldnn", "conv"),
+    ("mkldnn", "rnn"): ("mkldnn", "rnn"),
+}
+"""The names torch's own getter knows each per-backend setting by."""
+
+
+@functools.cache
+def _fp32_readers(device: str) -> tuple[tuple[str, Callable[[], str], tuple[str, ...]], ...]:
+    """Each per-backend setting read for ``device`` (:data:`_CUDA`, :data:`_HOST`), with what
+    reads it and the values torch starts with: torch's own getter where it answers as the
+    setting does (read through ``torch.backends`` a setting costs six times as much, at
+    every cached call and every forward of a graph), the setting itself otherwise."""
+    readers = []
+    for (backend, op), usual in (_CUDA if device == "cuda" else _HOST).items():
+        holder = getattr(getattr(torch.backends, backend), op)
+        read: Callable[[], str] = functools.partial(_setting, holder)
+        getter = getattr(torch._C, "_get_fp32_precision_getter", None)
+        if getter is not None:
+            fast = functools.partial(getter, *_READ_AS[(backend, op)])
+            try:
+                if fast() == read():
+                    read = fast
+            except RuntimeError:  # a name this torch does not know
+                pass
+        readers.append((f"{backend}.{op}", read, usual))
+    return tuple(readers)
+
+
+def _setting(holder: Any) -> str:
+    """The per-backend setting ``holder`` holds (``torch.backends.mkldnn.matmul``)."""
+    return str(holder.fp32_precision)
+
+
 def float32_precision(device: str) -> Named:
     """The settings that change how float32 products and convolutions run on ``device``
     (a device type, ``"cuda"``, ``"cpu"``), each with its value, where it is not torch's
     default: none at all under torch's defaults."""
     if _per_backend():
-        said: list[tuple[str, str]] = []
-        for (backend, op), usual in (_CUDA if device == "cuda" else _HOST).items():
-            value = str(getattr(getattr(torch.backends, backend), op).fp32_precision)
+        said: Named = ()
+        for name, read, usual in _fp32_readers(device):  # a loop: at every forward
+            value = read()
             if value not in usual:
-                said.append((f"{backend}.{op}", value))
-        return tuple(said)
+                said += ((name, value),)
+        return said
     matmul = torch.get_float32_matmul_precision()
-    said = [] if matmul == "highest" else [("matmul", matmul)]
+    legacy = [] if matmul == "highest" else [("matmul", matmul)]
     if device == "cuda" and not torch.backends.cudnn.allow_tf32:
-        said.append(("cudnn", "without tf32"))
-    return tuple(said)
+        legacy.append(("cudnn", "without tf32"))
+    return tuple(legacy)
 
 
 def half_precision(device: str) -> Named:
@@ -125,11 +165,34 @@ def precision_on(device: str) -> Named | None:
     # before its weights are loaded), and raises when asked about one.
     if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
         said.append(("autocast", _dtype_name(torch.get_autocast_dtype(device))))
-    made = torch.get_default_dtype()
-    if made != torch.float32:
-        said.append(("default", _dtype_name(made)))
+    said.extend(_made_in())
     said.extend(products(device))
     return tuple(said) or None
+
+
+def settings() -> Named:
+    """The settings of this process that change what torch computes, on any device, each
+    named only where it is not torch's default: the dtype tensors made in a call get, and
+    how products and convolutions are computed (:func:`products`) on the host and, where
+    this torch is built with CUDA, on CUDA. What the key of a node that is no module names
+    besides autocast (:mod:`somatize._precision`), which may compute on either."""
+    said = [*_made_in(), *products("cpu")]
+    if _cuda_built():
+        said.extend(named for named in products("cuda") if named not in said)
+    return tuple(said)
+
+
+def _made_in() -> Named:
+    """The dtype tensors made in a call get, where it is not torch's default."""
+    made = torch.get_default_dtype()
+    return () if made == torch.float32 else (("default", _dtype_name(made)),)
+
+
+@functools.cache
+def _cuda_built() -> bool:
+    """Whether this torch is built with CUDA: in one that is not, nothing computes on CUDA,
+    and its settings are not read."""
+    return bool(torch.backends.cuda.is_built())  # type: ignore[no-untyped-call]
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -56,11 +56,12 @@ from torch.utils._pytree import tree_leaves
 
 import somatize
 from somatize import Graph, Node, Unbuildable, Undeclared
+from somatize._precision import keyed_by_precision
 from somatize.canonical import NotCanonical
 from somatize.catalog import identity_of, nameless_because
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.node import attributes_of, restates, sees_state
-from somatize_torch._precision import Named, precision_on
+from somatize_torch._precision import Named, precision_on, settings
 from somatize_torch._settings import SettingsWatch, _configs_in, hooks_of, settings_of, stood_for
 from somatize_torch._state import (
     Read,
@@ -1030,6 +1031,9 @@ def _restate_module(node: Any) -> str | None:
 
 
 restates(nn.Module, _restate_module)
+# Every other node's key names the precision a forward is called in, where it is not the
+# default; a ModuleNode's declaration names it itself, by the device its weights are on.
+keyed_by_precision(settings, ModuleNode)
 
 
 def drew_at_random(who: str, recalled: str, drop: str) -> str:

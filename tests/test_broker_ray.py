@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from somatize import CodecError, Graph, NodeFailed, Store, Unbuildable
+from somatize import CodecError, Graph, NodeFailed, Opaque, Store, Unbuildable
 from somatize.broker import (
     BadWorker,
     Broker,
@@ -146,6 +146,35 @@ def test_a_ray_worker_runs_its_node_under_the_caller_s_autocast(broker: Any) -> 
         there = g.forward(x, broker=broker)
     assert here.dtype == there.dtype == torch.bfloat16 and torch.equal(there, here)
     assert g.forward(x, broker=broker).dtype == torch.float32
+
+
+def test_a_plain_node_on_a_ray_worker_is_keyed_in_the_precision_the_graph_is_called_in(
+    broker: Any, store: Store
+) -> None:
+    """A cached plain node on a Ray actor called under bf16 autocast is kept under the key
+    the client names for that call, which the actor works out too, and never recalled for
+    a float32 call; with another default dtype where the graph is called, a setting of
+    the client's process that the actor's does not share, it is refused, not computed
+    there in float32 and kept under a key naming float64."""
+    x = Opaque(torch.randn(4, 3))
+    g = Graph.somatize(Products().named("p").frozen().cached().at("w1"))
+    seen: list[dict[str, Any]] = []
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        there = g.forward(x, store=store, broker=broker, watching=seen.append)
+        key = _kept_keys(seen)["p"]
+        assert broker.key_on("w1", g, "p", [root_key(x)]) == key
+        assert torch.equal(g.forward(x, store=store), there)
+    assert there.dtype == torch.bfloat16
+    assert broker.key_on("w1", g, "p", [root_key(x)]) != key
+    assert g.forward(x, store=store, broker=broker).dtype == torch.float32
+    assert g.record is not None and g.record.outcome == {"p": "ran"}
+    made = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with pytest.raises(Unbuildable, match=r"`p` on worker `w1` would run in torch's default"):
+            g.forward(x, store=store, broker=broker)
+    finally:
+        torch.set_default_dtype(made)
 
 
 def test_a_ray_worker_is_another_process_that_keeps_its_node(broker: Any) -> None:

@@ -27,7 +27,18 @@ from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
 import somatize.torch as smt
-from somatize import Drifted, Graph, Node, NotSettled, Opaque, Store, Unbuildable, engine, plan
+from somatize import (
+    Drifted,
+    Graph,
+    Node,
+    NotSettled,
+    Opaque,
+    Store,
+    Unbuildable,
+    engine,
+    keys,
+    plan,
+)
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
 from tests.decoding import Decoder, NotesWidth, steps_alike
@@ -314,6 +325,19 @@ def test_a_module_node_whose_module_calls_a_torch_module_in_a_global_is_copied(
         assert torch.equal(copied.forward(x, store=store), node.module(x.value))
 
 
+def _outcome_in_float64(g: Graph, x: Any, store: Store) -> dict[str, str]:
+    """What a forward of ``g`` on ``x`` did with each node, run with float64 as torch's
+    default dtype."""
+    made = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        g.forward(x, store=store)
+    finally:
+        torch.set_default_dtype(made)
+    assert g.record is not None
+    return g.record.outcome
+
+
 def test_a_cached_module_node_is_keyed_by_the_precision_it_runs_in(store: Store) -> None:
     """A cached module called through a graph under bf16 autocast, or with another default
     dtype, is keyed apart from a call in torch's default precision: computed in that
@@ -334,13 +358,7 @@ def test_a_cached_module_node_is_keyed_by_the_precision_it_runs_in(store: Store)
     assert torch.equal(g.forward(x, store=store), first)
     assert g.record.outcome == {"encoder": "recalled"}
     assert g.memory.declaration_of("encoder") == declared
-    made = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        g.forward(x, store=store)
-        assert g.record.outcome == {"encoder": "ran"}
-    finally:
-        torch.set_default_dtype(made)
+    assert _outcome_in_float64(g, x, store) == {"encoder": "ran"}
     g.forward(x, store=store)
     assert g.record.outcome == {"encoder": "recalled"}
 
@@ -437,6 +455,53 @@ _GATES: dict[int, tuple[threading.Event, threading.Event]] = {}
 """The gates of :class:`Gate`, by the thread that waits at one."""
 
 
+def _under_autocast_meanwhile(
+    g: Graph,
+    x: Any,
+    store: Store,
+    meanwhile: Callable[[], torch.Tensor],
+    planning: pytest.MonkeyPatch | None,
+) -> torch.Tensor:
+    """What ``g`` answers ``x`` under bf16 autocast in a thread of its own, stopped on its
+    way (as it plans, with ``planning`` to patch the engine; else at a :class:`Gate` node)
+    while this thread runs ``meanwhile``, a forward in float32."""
+    there, opened = threading.Event(), threading.Event()
+    if planning is not None:
+        planned = engine.compile
+
+        def compile(*args: Any) -> Any:
+            if threading.get_ident() in _GATES:
+                there.set()
+                assert opened.wait(timeout=30)
+            return planned(*args)
+
+        planning.setattr(engine, "compile", compile)
+    got: list[Any] = []
+
+    def under_autocast() -> None:
+        _GATES[threading.get_ident()] = (there, opened)
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                got.append(g.forward(x, store=store))
+        except Exception as why:
+            got.append(why)
+        finally:
+            del _GATES[threading.get_ident()]
+
+    thread = threading.Thread(target=under_autocast)
+    thread.start()
+    try:
+        assert there.wait(timeout=30)
+        assert meanwhile().dtype == torch.float32
+    finally:
+        opened.set()
+        thread.join()
+    assert len(got) == 1 and not isinstance(got[0], Exception), got
+    assert got[0].dtype == torch.bfloat16
+    answer: torch.Tensor = got[0]
+    return answer
+
+
 @pytest.mark.parametrize("waits", ["planning", "running"])
 def test_a_cached_module_node_called_in_two_precisions_from_two_threads_keys_each_as_it_runs(
     store: Store, monkeypatch: pytest.MonkeyPatch, waits: str
@@ -458,39 +523,14 @@ def test_a_cached_module_node_called_in_two_precisions_from_two_threads_keys_eac
         plain = encoder(x.value)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             lowered = encoder(x.value)
-    there, opened = threading.Event(), threading.Event()
-    if waits == "planning":
-        planned = engine.compile
-
-        def compile(*args: Any) -> Any:
-            if threading.get_ident() in _GATES:
-                there.set()
-                assert opened.wait(timeout=30)
-            return planned(*args)
-
-        monkeypatch.setattr(engine, "compile", compile)
-    got: list[Any] = []
-
-    def under_autocast() -> None:
-        _GATES[threading.get_ident()] = (there, opened)
-        try:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                got.append(g.forward(x, store=store))
-        except Exception as why:
-            got.append(why)
-        finally:
-            del _GATES[threading.get_ident()]
-
-    thread = threading.Thread(target=under_autocast)
-    thread.start()
-    try:
-        assert there.wait(timeout=30)
-        assert g.forward(Opaque(torch.randn(5, 6)), store=store).dtype == torch.float32
-    finally:
-        opened.set()
-        thread.join()
-    assert len(got) == 1 and not isinstance(got[0], Exception), got
-    assert got[0].dtype == torch.bfloat16 and torch.equal(got[0], lowered)
+    got = _under_autocast_meanwhile(
+        g,
+        x,
+        store,
+        lambda: g.forward(Opaque(torch.randn(5, 6)), store=store),
+        monkeypatch if waits == "planning" else None,
+    )
+    assert got.dtype == torch.bfloat16 and torch.equal(got, lowered)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         again = g.forward(x, store=store)
     assert again.dtype == torch.bfloat16 and torch.equal(again, lowered)
@@ -686,6 +726,179 @@ def test_a_cached_module_node_keyed_by_autocast_is_not_sent_to_another_process(
             torch.set_default_dtype(made)
     finally:
         broker.close()
+
+
+class Gram(Node):
+    """A plain node computing with torch: its input times itself transposed, a product
+    autocast lowers and TF32 rounds."""
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return x @ x.T
+
+
+class Grams(Node):
+    """:class:`Gram` of each item of a list: a node to map."""
+
+    def forward(self, items: list[torch.Tensor], ctx: Any) -> list[torch.Tensor]:
+        return [x @ x.T for x in items]
+
+
+def test_a_cached_plain_node_is_keyed_by_the_precision_it_runs_in(store: Store) -> None:
+    """A cached node that is no module, computing with torch, called under bf16 autocast,
+    with another default dtype or with float32 products in reduced precision, is keyed
+    apart from a call in torch's default precision: the bf16 answer was kept under the key
+    of the float32 call and recalled for it (dtype bfloat16, other values). A call in the
+    default precision keeps the key it always had: the node's fixed parts and its input's
+    key, nothing more."""
+    g = Graph.somatize(Gram().named("gram").frozen().cached())
+    x = Opaque(torch.randn(4, 4))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lowered = g.forward(x, store=store)
+    assert lowered.dtype == torch.bfloat16
+    plain = g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"gram": "ran"}
+    assert plain.dtype == torch.float32 and torch.equal(plain, x.value @ x.value.T)
+    memory = g.memory
+    fixed = keys.node_prefix(
+        memory.identity_of("gram") or "",
+        memory.declaration_of("gram") or "",
+        memory.state_of("gram"),
+        memory.salt_of("gram"),
+    )
+    (kept,) = [f["key"] for f in g.record.facts if f["fact"] == "kept"]
+    assert kept == keys.node_key(fixed, [keys.root_key(x)])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        again = g.forward(x, store=store)
+    assert g.record.outcome == {"gram": "recalled"} and torch.equal(again, lowered)
+    assert torch.equal(g.forward(x, store=store), plain)
+    assert g.record.outcome == {"gram": "recalled"}
+    assert _outcome_in_float64(g, x, store) == {"gram": "ran"}
+    if hasattr(torch.backends.mkldnn, "matmul"):  # torch's per-backend precision
+        try:
+            torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+            g.forward(x, store=store)
+            assert g.record.outcome == {"gram": "ran"}
+        finally:
+            torch.backends.mkldnn.matmul.fp32_precision = "none"
+    g.forward(x, store=store)
+    assert g.record.outcome == {"gram": "recalled"}
+
+
+def test_a_plain_node_is_keyed_by_its_precision_where_only_torch_is_imported(
+    tmp_path: pathlib.Path,
+) -> None:
+    """In a process that imported torch and not ``somatize.torch``, a cached node computing
+    with torch under bf16 autocast (a float from a coordinate, which needs no codec of
+    torch's) is keyed by that precision all the same: its answer was recalled for the
+    float32 call after it. The forward imports ``somatize.torch`` to read the precision."""
+    code = (
+        "import sys, torch\n"
+        "from somatize import Graph, Node\n"
+        "class Sums(Node):\n"
+        "    def forward(self, x, ctx):\n"
+        "        a = torch.linspace(0, 1, x['n'] * x['n']).reshape(x['n'], x['n'])\n"
+        "        return float((a @ a).sum())\n"
+        "g = Graph.somatize(Sums().named('s').frozen().cached())\n"
+        "with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+        "    lowered = g.forward({'n': 7}, store=sys.argv[1])\n"
+        "plain = g.forward({'n': 7}, store=sys.argv[1])\n"
+        "assert g.record.outcome == {'s': 'ran'}, g.record.outcome\n"
+        "assert plain != lowered, (plain, lowered)\n"
+        "assert 'somatize.torch' in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True)
+
+
+def test_a_node_below_a_plain_node_run_under_autocast_is_keyed_apart(store: Store) -> None:
+    """A cached node that reads what a plain node computed under autocast, and the items of
+    a mapped plain node, are keyed by that precision too: a module, which names its own
+    precision, whose input was computed in bf16, and each item's answer."""
+    encoder = _encoder()
+    g = Graph.somatize(
+        Gram().named("gram").frozen() >> smt.ModuleNode(encoder).named("encoder").frozen().cached()
+    )
+    smt.freeze(g)
+    x = Opaque(torch.randn(6, 6))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        lowered = g.forward(x, store=store)
+    assert g.forward(x, store=store).dtype == torch.float32
+    assert g.record is not None and g.record.outcome == {"gram": "ran", "encoder": "ran"}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(g.forward(x, store=store), lowered)
+    assert g.record.outcome == {"gram": "spared", "encoder": "recalled"}
+    items = [Opaque(torch.randn(3, 3)) for _ in range(2)]
+    mapped = Graph.somatize(Grams().named("gram").frozen().cached().mapped())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert {a.dtype for a in mapped.forward(items, store=store)} == {torch.bfloat16}
+    assert {a.dtype for a in mapped.forward(items, store=store)} == {torch.float32}
+    assert mapped.record is not None and mapped.record.outcome == {"gram": "ran"}
+
+
+def test_a_cached_plain_node_on_a_worker_is_keyed_as_where_the_graph_is_called(
+    store: Store,
+) -> None:
+    """A cached plain node placed on a local or network worker, called under bf16 autocast,
+    computes in bf16 there and is kept under the key the same call here names: recalled
+    here under autocast, and never for a float32 call."""
+    from somatize import Broker, Worker
+
+    for mode in ("local", "network"):
+        g = Graph.somatize(Gram().named("gram").frozen().cached().at("w1"))
+        x = Opaque(torch.randn(4, 4))
+        broker = Broker.embedded({"w1": Worker.generic(mode=mode)})
+        try:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                there = g.forward(x, store=store, broker=broker)
+                assert there.dtype == torch.bfloat16
+                assert torch.equal(g.forward(x, store=store), there)
+                assert g.record is not None and g.record.outcome == {"gram": "recalled"}
+            plain = g.forward(x, store=store, broker=broker)
+            assert g.record.outcome == {"gram": "ran"} and plain.dtype == torch.float32
+        finally:
+            broker.close()
+
+
+def test_a_network_worker_refuses_a_plain_node_keyed_in_another_precision() -> None:
+    """A network worker whose process computes in another precision than the key of the
+    job's node names (another default dtype, where the graph is called or there: a setting
+    of the whole process, which no job carries) refuses to run it, saying so, rather than
+    keep under that key an answer it does not describe."""
+    from somatize.broker.host import Host, job_for
+    from somatize.catalog import blueprint_of
+    from somatize.node import Context
+
+    g = Graph.somatize(Gram().named("gram").frozen().cached().at("w1"))
+    blueprint = blueprint_of(g.node("gram"), "gram")
+    ctx = Context(name="gram", key="blake3:" + "0" * 64, worker="w1", store=None)
+    x = torch.randn(3, 3)
+    job, sent = job_for(g, "gram", "w1", blueprint, [x], ctx, keep=False)
+    assert job.precision == ()
+    made = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with pytest.raises(
+            Unbuildable, match=r"`gram` on worker `w1` would run in default float64"
+        ):
+            Host("w1").run(job, sent)
+    finally:
+        torch.set_default_dtype(made)
+    assert Host("w1").run(job, sent).kept is None  # in the precision its key names, it runs
+
+
+def test_a_cached_plain_node_called_in_two_precisions_from_two_threads_keys_each_as_it_runs(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A graph of a cached plain node forwarded from two threads at once, one under bf16
+    autocast (kept by torch per thread), keys each call by the precision of its own
+    thread, however they interleave: a call under autocast planning after a float32 one
+    is keyed in bf16, and each is recalled for its own precision only."""
+    g = Graph.somatize(Gram().named("gram").frozen().cached())
+    x = Opaque(torch.randn(4, 4))
+    got = _under_autocast_meanwhile(g, x, store, lambda: g.forward(x, store=store), monkeypatch)
+    assert g.forward(x, store=store).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.equal(g.forward(x, store=store), got)
+    assert g.record is not None and g.record.outcome == {"gram": "recalled"}
 
 
 def test_freezing_an_undeclared_node_is_an_error() -> None:

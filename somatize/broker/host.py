@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from somatize import canonical
+from somatize._precision import Precision, autocast_on, keyed_in_precision, precision_now
 from somatize._threads import ProcessLock
 from somatize.catalog import (
     Blueprint,
@@ -169,6 +170,10 @@ class Job:
     mode."""
     autocast_cache: bool = True
     """Whether that autocast caches the casts of weights it makes."""
+    precision: tuple[tuple[str, str], ...] | None = None
+    """For a keyed node whose key names the precision the graph is called in
+    (:func:`~somatize._precision.keyed_in_precision`): that precision (``()``, torch's
+    default), which the worker must run it in, its autocast entered; None for any other."""
 
 
 @dataclass(frozen=True)
@@ -234,10 +239,50 @@ def job_for(
         state=held_state(graph, node),
         holder=holder,
         grad=_grad_on(),
-        autocast=_autocast_on(),
+        autocast=autocast_on(),
         autocast_cache=_autocast_caches(),
+        precision=_keyed_precision(graph, node, ctx),
     )
     return job, [data for _, data in packed]
+
+
+def _keyed_precision(graph: Graph, node: str, ctx: Context) -> Precision | None:
+    """The precision ``node``'s key names (``()``: the default), read where the graph is
+    called, as its forward read it; None where it is not keyed, or its key does not name
+    it (a torch module's declaration does)."""
+    if ctx.key is None and ctx.keys is None:
+        return None
+    if not keyed_in_precision(graph.node(node)):
+        return None
+    return precision_now() or ()
+
+
+def _refuse_other_precision(job: Job, worker: str) -> None:
+    """Unbuildable where the job's node would run here, in the autocast the job names, in
+    another precision than its key names (:attr:`Job.precision`): this process sets another
+    default dtype, or computes float32 products otherwise (TF32), which hold for the whole
+    process and no job carries. Its answer would be kept, and recalled, under a key that
+    does not describe it."""
+    if job.precision is None:
+        return
+    here = precision_now() or ()
+    if sorted(here) == sorted(job.precision):
+        return
+    raise Unbuildable(
+        f"`{job.name}` on worker `{worker}` would run in {_said(here)}, and its key names "
+        f"{_said(job.precision)}, the precision the graph is called in: its answer would be "
+        f"kept under a key that does not describe it. `{job.name}` did not run. Set the same "
+        "default dtype (`torch.set_default_dtype`) and float32 precision "
+        "(`torch.set_float32_matmul_precision`, TF32) in the worker's process as where the "
+        'graph is called, or place the node on a `Worker.generic(mode="local")` worker'
+    )
+
+
+def _said(precision: Precision) -> str:
+    """How an error says ``precision``."""
+    if not precision:
+        return "torch's default precision"
+    return ", ".join(f"{what} {value}" for what, value in precision)
 
 
 def _grad_on() -> bool:
@@ -251,23 +296,6 @@ def _grad_mode(on: bool) -> AbstractContextManager[Any]:
     not imported, and no tensor either."""
     torch = sys.modules.get("torch")
     return nullcontext() if torch is None else torch.set_grad_enabled(on)
-
-
-def _autocast_on() -> tuple[tuple[str, str], ...]:
-    """The device types autocast is on for in this thread, each with the name of its dtype
-    (none where torch is not imported)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return ()
-    return tuple(
-        (device, str(torch.get_autocast_dtype(device)).removeprefix("torch."))
-        for device in _AUTOCAST_DEVICES
-        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
-    )
-
-
-_AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "privateuseone")
-"""The device types torch may run autocast on, each looked at in the caller's thread."""
 
 
 def _autocast_caches() -> bool:
@@ -304,7 +332,7 @@ def callers_modes() -> Callable[[], AbstractContextManager[Any]]:
     if torch is None:
         return nullcontext
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-    autocast, cache = _autocast_on(), _autocast_caches()
+    autocast, cache = autocast_on(), _autocast_caches()
     return lambda: _in_modes(grad, inference, autocast, cache)
 
 
@@ -822,6 +850,7 @@ class Host:
             ):
                 if self.let_go:  # as one interrupted before its forward began
                     raise KeyboardInterrupt
+                _refuse_other_precision(job, self.worker)
                 value = node.forward(*inputs, ctx)
                 if _needs_grad(value):
                     raise answer_needs_grad(job.name, self.worker)

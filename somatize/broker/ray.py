@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import blake3
 
 from somatize import keys as keying
+from somatize._precision import Precision, keyed_in_precision, precision_now
 from somatize.catalog import Blueprint, Catalog, Unbuildable
 from somatize.codecs import CodecError
 from somatize.errors import SomatizeError, _rebuilt
@@ -265,12 +266,14 @@ class _Actor:
         salt: str | None,
         mapped: bool,
         inputs: list[str],
+        precision: Precision | None,
         held: str | None,
         data: bytes | None,
     ) -> str | NeedState | _Failure:
-        """The key of the node rebuilt here; for one that holds state (``held``, its digest),
-        from the state loaded here and the digest worked out from it. What rebuilding it
-        raises comes back as :meth:`run`'s does, named (:func:`_guarded`)."""
+        """The key of the node rebuilt here, called in ``precision`` (None: the default);
+        for one that holds state (``held``, its digest), from the state loaded here and the
+        digest worked out from it. What rebuilding it raises comes back as :meth:`run`'s
+        does, named (:func:`_guarded`)."""
 
         def work() -> str | NeedState:
             node = self.host.node(blueprint, held, data, name=name)
@@ -281,6 +284,8 @@ class _Actor:
             identity = Blueprint.from_bytes(blueprint).identity
             declaration = node.declaration()
             prefix = keying.node_prefix(identity, declaration, key_state, salt, mapped=mapped)
+            if precision is not None and keyed_in_precision(node):
+                prefix = keying.in_precision(prefix, precision)
             return keying.node_key(prefix, inputs)
 
         return _guarded(work)
@@ -426,7 +431,8 @@ class RayBroker(Broker):
     def key_on(self, worker: str, graph: Graph, node: str, inputs: list[str]) -> str:
         """The key of ``node`` reading inputs keyed ``inputs`` (for a mapped node, an item's
         keys, and the key is that item's), as computed on ``worker`` from the node it
-        rebuilt there: the same as the client's, or keys would not meet. A worker the
+        rebuilt there, in the precision a forward called from this thread now is keyed in:
+        the same as the client's, or keys would not meet. A worker the
         broker lacks, a node the graph lacks or that no network worker rebuilds, and inputs
         other than one key per input the node reads are refused before anything is sent.
         Asked as a node's call is: of a worker running this somatize (BadWorker otherwise),
@@ -456,7 +462,8 @@ class RayBroker(Broker):
         memory = graph.memory
         blueprint = self._blueprint(graph, node).to_bytes()
         salt, mapped = memory.salt_of(node), memory.is_mapped(node)
-        asked = (node, blueprint, memory.state_of(node), salt, mapped, inputs)
+        # In the precision this thread calls a forward in, which the node's key names.
+        asked = (node, blueprint, memory.state_of(node), salt, mapped, inputs, precision_now())
         held = held_state(graph, node)
         state: Any = None
         cause = ""

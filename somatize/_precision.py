@@ -1,0 +1,94 @@
+"""The precision a forward is called in: part of the key of each node it computes.
+
+A node that computes with torch answers otherwise under ``torch.autocast`` (a
+product in bfloat16), under another default dtype (``torch.set_default_dtype``) or
+with float32 products computed in TF32, and its answer to one call must never be
+recalled for the other. So a forward reads, in the thread that calls it, the
+precision in force there (:func:`precision_now`): autocast on each device type
+(:func:`autocast_on`, kept by torch per thread, read here as a worker is handed it)
+and the settings of the whole process that the library computing with them
+registers (:func:`keyed_by_precision`: ``somatize.torch`` names torch's). Each
+keyed node's key names it (:func:`somatize.keys.in_precision`) where it is not the
+default, so a call in the default precision keeps the key it always had — but a
+node of a kind whose own declaration names the precision it runs in (a torch
+module's, by the device its weights are on), which would otherwise name it twice.
+
+The core never imports torch: where torch is not imported, nothing computes with it
+and no precision is read; where it is and ``somatize.torch`` is not, that is
+imported for its settings, as a worker imports it for the codec of a tensor.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Callable
+from typing import Any
+
+__all__ = [
+    "AUTOCAST_DEVICES",
+    "Precision",
+    "autocast_on",
+    "keyed_by_precision",
+    "keyed_in_precision",
+    "precision_now",
+]
+
+Precision = tuple[tuple[str, str], ...]
+"""What differs from the default, each as (what, its value): ``(("autocast.cpu",
+"bfloat16"),)``."""
+
+AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "privateuseone")
+"""The device types torch may run autocast on, each looked at in the caller's thread."""
+
+_SETTINGS: list[tuple[Callable[[], Precision], type]] = []
+"""What :func:`keyed_by_precision` registered: the reader of the settings of the process,
+and the kind of node that names the precision it runs in itself."""
+
+
+def keyed_by_precision(settings: Callable[[], Precision], names_its_own: type) -> None:
+    """Registers ``settings``, which names the settings of this process that change what a
+    node computes, where they are not the default (none: ``()``), and ``names_its_own``, the
+    kind of node whose declaration names its precision itself (idempotent):
+    ``somatize.torch`` registers torch's default dtype and how its products are computed,
+    and ``ModuleNode``."""
+    if (settings, names_its_own) not in _SETTINGS:
+        _SETTINGS.append((settings, names_its_own))
+
+
+def keyed_in_precision(node: Any) -> bool:
+    """Whether ``node``'s key names the precision a forward is called in: any node but one
+    whose declaration names it itself (:func:`keyed_by_precision`)."""
+    return not any(isinstance(node, kind) for _, kind in _SETTINGS)
+
+
+def autocast_on() -> Precision:
+    """The device types autocast is on for in this thread, each with the name of its dtype
+    (none where torch is not imported)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return ()
+    anywhere = getattr(torch._C, "_is_any_autocast_enabled", None)
+    if anywhere is not None and not anywhere():  # at every forward: one call, where none is
+        return ()
+    return tuple(
+        (device, str(torch.get_autocast_dtype(device)).removeprefix("torch."))
+        for device in AUTOCAST_DEVICES
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+    )
+
+
+def precision_now() -> Precision | None:
+    """The precision a node called now in this thread computes in, where it is not the
+    default: autocast on each device type (``("autocast.cuda", "bfloat16")``) and the
+    settings of the process registered (:func:`keyed_by_precision`). None in the default
+    precision, and where torch is not imported."""
+    if "torch" not in sys.modules:
+        return None
+    if not _SETTINGS:
+        importlib.import_module("somatize.torch")  # registers torch's settings
+    autocast = autocast_on()
+    said = tuple((f"autocast.{device}", dtype) for device, dtype in autocast) if autocast else ()
+    for settings, _ in _SETTINGS:
+        said += settings()
+    return said or None
