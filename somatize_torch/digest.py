@@ -322,7 +322,7 @@ def raw_rows(tensor: torch.Tensor) -> list[bytes]:
     lib = _native.ready_host_library()
     if lib is not None:
         host = _host_tensor(tensor)
-        return _native_rows(lib.smz_blake3_host_rows, host, rows)
+        return _native_rows(lib, host, rows)
     view = host_bytes(tensor)
     return _hash_rows(view, rows, view.nbytes // rows if rows else 0)
 
@@ -495,10 +495,12 @@ def _hash_rows(view: memoryview, rows: int, size: int) -> list[bytes]:
     return out
 
 
-def _native_rows(hash_rows: Any, host: torch.Tensor, rows: int) -> list[bytes]:
+def _native_rows(lib: Any, host: torch.Tensor, rows: int) -> list[bytes]:
     """The raw digest of each row of a contiguous CPU tensor, from the native host
     library, which hashes many rows' chunks at once on SIMD lanes and holds no GIL:
-    a batch of ``_NATIVE_SPLIT`` bytes or more is hashed one run of rows per core."""
+    a batch of ``_NATIVE_SPLIT`` bytes or more is hashed on every core. On two cores
+    that is this thread and the library's own worker, each taking the next few rows
+    until none is left (:func:`_beside_worker`); on more, one run of rows per core."""
     if rows == 0:
         return []
     nbytes = host.numel() * host.element_size()
@@ -507,6 +509,9 @@ def _native_rows(hash_rows: Any, host: torch.Tensor, rows: int) -> list[bytes]:
     out = ctypes.create_string_buffer(32 * rows)
     into = ctypes.addressof(out)
     workers = 1 if nbytes < _NATIVE_SPLIT else min(_cores(), rows)
+    if workers == 2 and _beside_worker(lib, host, rows, size, out):
+        return _split(out.raw, rows)
+    hash_rows = lib.smz_blake3_host_rows
     first, *rest = itertools.pairwise([rows * k // workers for k in range(workers + 1)])
     pool = _pool()
     later = [
@@ -516,6 +521,34 @@ def _native_rows(hash_rows: Any, host: torch.Tensor, rows: int) -> list[bytes]:
     for done in later:
         done.result()
     return _split(out.raw, rows)
+
+
+def _beside_worker(lib: Any, host: torch.Tensor, rows: int, size: int, out: Any) -> bool:
+    """Hashes the ``rows`` rows of ``size`` bytes of ``host`` into ``out`` (a buffer of
+    their digests) on this thread and the native library's worker thread together, each
+    taking the next few rows until none is left; False where the worker could not be
+    started (nothing is written then). No Python thread is woken and no GIL handed over,
+    and where the worker is busy (a batch named ahead) or gets little of the CPU, this
+    thread hashes the rows it has not taken, rather than wait for an even share. The wait
+    is one call into the library, which no interrupt stops halfway."""
+    try:
+        job = lib.smz_blake3_host_rows_begin(host.data_ptr(), rows, size, ctypes.addressof(out))
+    except BaseException:
+        # Interrupted as the job began (a Ctrl-C handled as the call returned), before it
+        # could be waited for: the worker may still read the batch and write the digests,
+        # so neither is ever let go.
+        _BEGUN_UNWAITED.append((host, out))
+        raise
+    if job is None:
+        return False
+    lib.smz_blake3_host_rows_wait(job, 1)
+    return True
+
+
+_BEGUN_UNWAITED: list[tuple[torch.Tensor, Any]] = []
+"""The batches and digest buffers of jobs begun on the library's worker whose wait an
+interrupt stopped (:func:`_beside_worker`): kept for the process, as the worker may still
+use them."""
 
 
 def _split(raw: bytes, rows: int) -> list[bytes]:

@@ -25,6 +25,7 @@ import somatize.torch as smt
 from somatize import CODECS, CodecError, Graph, Node, Opaque, Store
 from somatize.codecs import Unreadable
 from somatize_torch import _native
+from somatize_torch import digest as smt_digest
 from somatize_torch.digest import DTYPES, RowsLater, raw_rows, raw_rows_later
 from tests.forked import in_forked_child
 
@@ -1049,6 +1050,65 @@ def test_digest_rows_of_a_large_batch_split_across_threads(
     batch = torch.randn(*shape)
     rows = smt.digest_rows(batch)
     assert rows == [smt.digest_tensor(batch[i]) for i in range(shape[0])]
+
+
+@pytest.mark.parametrize("worker", ["started", "not started"])
+def test_a_large_batch_on_two_cores_is_hashed_beside_the_librarys_worker(
+    monkeypatch: pytest.MonkeyPatch, worker: str
+) -> None:
+    """On two cores, a batch hashed on both is shared between the calling thread and the
+    native library's own worker, each taking the next rows until none is left: no thread
+    of the Python pool is woken for it (the hand-off through a future and the interpreter
+    lock cost a recalled batch a tenth of its digest, and a pool thread that gets little of
+    a busy machine's CPU holds up its half). Where the worker cannot be started, the pool
+    hashes it as before. Either way every row is named as digesting it alone names it."""
+    monkeypatch.setenv(_native.ENV_MODE, "1")
+    lib = _native.ready_host_library()
+    assert lib is not None
+    if worker == "not started":
+        stand_in = types.SimpleNamespace(
+            smz_blake3_host_rows=lib.smz_blake3_host_rows,
+            smz_blake3_host_rows_begin=lambda *args: None,
+        )
+        monkeypatch.setattr(_native, "ready_host_library", lambda: stand_in)
+    pooled: list[int] = []
+    pool = smt_digest._pool
+    monkeypatch.setattr(smt_digest, "_cores", lambda: 2)
+    monkeypatch.setattr(smt_digest, "_pool", lambda: pooled.append(1) or pool())
+    batch = torch.randn(67, 3, 64, 64)  # 3.1 MB: over the size hashed on every core
+    assert smt.digest_rows(batch) == [smt.digest_tensor(batch[i]) for i in range(67)]
+    assert bool(pooled) == (worker == "not started")
+
+
+def test_a_batch_whose_job_on_the_worker_is_interrupted_as_it_begins_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A Ctrl-C landing as a batch's job on the library's worker begins, before this thread
+    waits for it, is raised, and the batch and the buffer the worker writes its digests
+    into are kept for the process: the worker may still read the one and write the other,
+    so neither memory is freed under it. The next batch is hashed as ever."""
+    monkeypatch.setenv(_native.ENV_MODE, "1")
+    lib = _native.ready_host_library()
+    assert lib is not None
+
+    def begin_interrupted(*args: Any) -> None:
+        lib.smz_blake3_host_rows_wait(lib.smz_blake3_host_rows_begin(*args), 1)
+        raise KeyboardInterrupt
+
+    stand_in = types.SimpleNamespace(
+        smz_blake3_host_rows=lib.smz_blake3_host_rows,
+        smz_blake3_host_rows_begin=begin_interrupted,
+    )
+    monkeypatch.setattr(_native, "ready_host_library", lambda: stand_in)
+    monkeypatch.setattr(smt_digest, "_cores", lambda: 2)
+    monkeypatch.setattr(smt_digest, "_BEGUN_UNWAITED", [])
+    batch = torch.randn(67, 3, 64, 64)
+    with pytest.raises(KeyboardInterrupt):
+        smt.digest_rows(batch)
+    [(host, digests)] = smt_digest._BEGUN_UNWAITED
+    assert host.data_ptr() == batch.data_ptr() and len(digests) == 32 * 67
+    monkeypatch.setattr(_native, "ready_host_library", lambda: lib)
+    assert smt.digest_rows(batch) == [smt.digest_tensor(batch[i]) for i in range(67)]
 
 
 def test_digest_rows_of_short_and_ragged_rows(row_path: str) -> None:
