@@ -202,6 +202,7 @@ class SettingsWatch:
         "_own",
         "_owners",
         "_places",
+        "_plain_own",
         "_read",
         "_sizes",
         "_slots",
@@ -259,6 +260,7 @@ class SettingsWatch:
         # And each one's table of attributes, which may be replaced whole
         # (`config.__dict__ = {...}`): the values are looked at in the tables held here.
         self._own = tuple(map(_dict_of, self._objects))
+        self._plain_own = None not in self._own  # each keeps one (a module, a config), as a rule
         held = [table for table in map(_dict_of, configs) if table is not None]
         # A config's slots (a class with `__slots__`), each looked at by identity too.
         slots = [(member, one) for one in configs for member in _members(one)]
@@ -353,7 +355,7 @@ class SettingsWatch:
             or not all(map(_same_array, self._arrays, self._bytes))
             or tuple(map(bytes, self._bytearrays)) != self._held_bytes
             or tuple(map(type, self._objects)) != self._kinds
-            or not all(map(operator.is_, map(_dict_of, self._objects), self._own))
+            or not _same_tables(self._objects, self._own, self._plain_own)
             or (bool(self._modes) and tuple(map(_TRAINING, self._modes)) != self._training)
             or self._read.moved()
         )
@@ -368,6 +370,21 @@ def _dict_of(value: Any) -> dict[str, Any] | None:
     except AttributeError:  # a class with `__slots__`
         return None
     return held if isinstance(held, dict) else None
+
+
+def _same_tables(objects: list[Any], own: tuple[Any, ...], plain: bool) -> bool:
+    """Whether each of ``objects`` keeps the table of attributes ``own`` holds for it, as
+    :func:`_dict_of` reads it. Where each kept a plain one (``plain``: the modules, and
+    configs but slotted ones), read by ``object.__getattribute__`` itself, mapped over them
+    all, rather than by a Python call each: half the time, at every cached call. One that
+    keeps none now (or a table read otherwise) is one that changed."""
+    if not plain:
+        return all(map(operator.is_, map(_dict_of, objects), own))
+    try:
+        tables = map(object.__getattribute__, objects, itertools.repeat("__dict__"))
+        return all(map(operator.is_, tables, own))
+    except AttributeError:
+        return False
 
 
 _PLAIN_TYPES = frozenset({str, int, float, bool, bytes, type(None)})
