@@ -522,8 +522,10 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     try:
         with torch.no_grad():
             out = solo.forward(Opaque(tuple(args), TENSOR), store=store, watching=facts.append)
-    except NodeFailed as failed:
-        raised = _own_error(failed)
+    except BaseException as failed:
+        # What the call did, its failure included, is what the last call did.
+        self.owner._noted(name, Record(facts))
+        raised = _own_error(failed) if isinstance(failed, NodeFailed) else None
         if raised is None:
             raise
     if raised is not None:

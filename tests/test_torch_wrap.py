@@ -7989,7 +7989,25 @@ def test_a_cached_part_that_raises_raises_its_own_error_as_the_model_does(
             assert torch.equal(_in_halves(wrapped, x), _in_halves(plain, x))
     assert not wrapped.encoder.training
     if kept:
-        assert wrapped.counts["encoder"] == {"ran": 4, "kept": 4, "recalled": 4}
+        assert wrapped.counts["encoder"] == {"ran": 4, "kept": 4, "recalled": 4, "failed": 7}
+
+
+def test_a_cached_part_that_raises_says_so_in_the_record(store: Store) -> None:
+    """`wrapped.graph.record` says what the last cached call did: one whose part raised
+    left it saying what the call before did (`recalled`), where a graph's record says the
+    node failed, and with what."""
+    wrapped = _encoder_frozen(OnRunsOutOfMemory(), store)
+    x = torch.randn(4, 4)
+    wrapped(x)
+    wrapped(x)
+    assert wrapped.graph.record is not None
+    assert wrapped.graph.record.outcome == {"encoder": "recalled"}
+    with pytest.raises(torch.OutOfMemoryError):
+        wrapped(torch.randn(8, 4))
+    assert wrapped.graph.record.outcome == {"encoder": "failed"}
+    failed = [f for f in wrapped.graph.record.facts if f["fact"] == "failed"]
+    assert failed == [{"fact": "failed", "node": "encoder", "error": "OutOfMemoryError"}]
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1, "failed": 1}
 
 
 class Weighs(OnTempered):
