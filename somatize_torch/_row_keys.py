@@ -89,6 +89,9 @@ KeyMode = Literal["content", "index"]
 _REMEMBERED_KEYS = 1 << 20
 """How many store keys a cache remembers, over all its keyings (about 250 MB at most)."""
 
+_TAGS_HELD = 4096
+"""How many of its keyings' names a cache holds (:func:`_tag_of`)."""
+
 _LAST_CONVERSION: list[object] = [object()]
 """A mark made anew by every conversion (``.half()``, ``.double()``, ``.to(device)``)
 asked of a row cache (:func:`converted`), which its module carries out in place: the
@@ -330,13 +333,34 @@ def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> tuple[_Keying, 
                 "`Deferred` the rows come from. Change it whenever the data changes"
             )
         prefix = _prefix(self, tag)
-        number = self._tags.setdefault((prefix, tag), len(self._tags) + 1)
+        number = _tag_of(self, (prefix, tag))
         # Only content keys use the header (deferred rows are keyed by index).
         by_content = self.key_mode == "content"
         header = row_header(x) if by_content and isinstance(x, torch.Tensor) else b""
         found = _Keying(prefix, number, version, header, dtype, self._key_room)
         self._keyings[tag] = found
     return found, self._watch
+
+
+def _tag_of(self: CachedRows, named: tuple[bytes, tuple[Any, ...]]) -> int:
+    """The memory tiers' name for the keying ``named`` by its prefix and precision: the
+    one it had, if it is among the last :data:`_TAGS_HELD` made or made again, so that
+    its rows kept in memory are found again; else a new one. A module that keys rows
+    anew at every batch (its forward counts its calls, a value given it at every step)
+    makes a keying a batch, so only the last ones are held; a name is never handed out
+    twice, so a keying made again after its name was let go of finds none of the rows
+    kept under another's (it computes its own again)."""
+    tags = self._tags
+    number = tags.pop(named, None)
+    if number is None:
+        self._tags_made += 1
+        number = self._tags_made
+        while len(tags) >= _TAGS_HELD:
+            dropped = tags.pop(next(iter(tags)))
+            for mark in [mark for mark in list(self._seeded) if mark[1] == dropped]:
+                self._seeded.discard(mark)  # no keying is named so again
+    tags[named] = number  # the most recently made, last
+    return number
 
 
 def _lend_version(self: CachedRows, source: str, version: str) -> None:

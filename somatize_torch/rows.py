@@ -214,9 +214,11 @@ class CachedRows(nn.Module):
             tuple[str, str | None, torch.Size, str | None, str | None, str | None], _Keying
         ] = {}
         self._key_room = _KeyRoom()  # how many more store keys they may remember
-        # The memory tiers' name for each keying ever made here, so a keying made again
-        # (a setting changed and changed back) finds the rows it kept in memory.
+        # The memory tiers' name for each of the last keyings made here, so a keying made
+        # again (a setting changed and changed back) finds the rows it kept in memory
+        # (`_row_keys._tag_of`); and how many names were handed out.
         self._tags: dict[tuple[bytes, tuple[Any, ...]], int] = {}
+        self._tags_made = 0
         self._orders: dict[
             tuple[int, ...] | None, dict[tuple[torch.Size, torch.dtype], list[int] | None]
         ] = {}

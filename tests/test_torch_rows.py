@@ -473,6 +473,32 @@ def test_what_a_forward_changes_of_what_it_keeps_keys_the_next_batch_anew(store:
     cached.close()
 
 
+def test_a_module_keyed_anew_at_every_batch_holds_the_names_of_its_last_keyings_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A module whose forward counts its calls keys every batch anew: a long run (a
+    server) holds the memory tiers' names of only the last keyings, not one a batch
+    forever; a setting given again recalls its rows while its keying's name is held,
+    and computes them again once it is not, never recalling another keying's rows."""
+    monkeypatch.setattr(_row_keys, "_TAGS_HELD", 4, raising=False)
+    counting = cache_rows(Counting())
+    x = torch.randn(3, 6)
+    for _ in range(12):
+        counting(x)
+    assert counting.stats.computed == 12 * 3 and len(counting._tags) <= 4
+
+    module = Gain()
+    cached = cache_rows(module)
+    for gain in (1.0, 2.0, 3.0, 1.0):  # 1.0 again, its name held: recalled
+        module.gain = gain
+        assert torch.equal(cached(x), expected(module, x))
+    assert cached.stats.computed == 3 * 3 and cached.stats.from_device == 3
+    for gain in (4.0, 5.0, 6.0, 7.0, 2.0, 3.0, 1.0):  # 1.0, 2.0, 3.0 let go of since
+        module.gain = gain
+        assert torch.equal(cached(x), expected(module, x))
+    assert cached.stats.computed == 3 * 3 + 7 * 3 and len(cached._tags) <= 4
+
+
 def test_a_forward_giving_a_value_anew_as_it_was_keeps_its_rows(store: Store) -> None:
     """A module whose forward sets a value it keeps to the very value it held (a width
     noted at every batch, a new object each time) changes nothing: its rows are kept,
