@@ -10,8 +10,15 @@ and the settings of the whole process that the library computing with them
 registers (:func:`keyed_by_precision`: ``somatize.torch`` names torch's). Each
 keyed node's key names it (:func:`somatize.keys.in_precision`) where it is not the
 default, so a call in the default precision keeps the key it always had — but a
-node of a kind whose own declaration names the precision it runs in (a torch
-module's, by the device its weights are on), which would otherwise name it twice.
+node whose class says its answer does not depend on it (``ignores_precision``: a data
+source, which computes with no torch) and a node of a kind whose own declaration names
+the precision it runs in (a torch module's, by the device its weights are on), which
+would otherwise name it twice.
+
+The settings of the process hold for all its threads, and no job carries them: a
+worker that runs in a process of its own, one job at a time (a Ray actor), enters
+those the job's key names for the time of the job (:func:`entered`), and puts its own
+back after.
 
 The core never imports torch: where torch is not imported, nothing computes with it
 and no precision is read; where it is and ``somatize.torch`` is not, that is
@@ -20,15 +27,18 @@ imported for its settings, as a worker imports it for the codec of a tensor.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 __all__ = [
     "AUTOCAST_DEVICES",
     "Precision",
     "autocast_on",
+    "entered",
     "keyed_by_precision",
     "keyed_in_precision",
     "precision_now",
@@ -41,25 +51,34 @@ Precision = tuple[tuple[str, str], ...]
 AUTOCAST_DEVICES = ("cpu", "cuda", "xpu", "mps", "hpu", "mtia", "maia", "xla", "privateuseone")
 """The device types torch may run autocast on, each looked at in the caller's thread."""
 
-_SETTINGS: list[tuple[Callable[[], Precision], type]] = []
+Enter = Callable[[Precision], AbstractContextManager[None]]
+"""What makes the settings of the process those a precision names, for a block."""
+
+_SETTINGS: list[tuple[Callable[[], Precision], type, Enter]] = []
 """What :func:`keyed_by_precision` registered: the reader of the settings of the process,
-and the kind of node that names the precision it runs in itself."""
+the kind of node that names the precision it runs in itself, and what enters them."""
 
 
-def keyed_by_precision(settings: Callable[[], Precision], names_its_own: type) -> None:
+def keyed_by_precision(
+    settings: Callable[[], Precision], names_its_own: type, enter: Enter
+) -> None:
     """Registers ``settings``, which names the settings of this process that change what a
-    node computes, where they are not the default (none: ``()``), and ``names_its_own``, the
-    kind of node whose declaration names its precision itself (idempotent):
-    ``somatize.torch`` registers torch's default dtype and how its products are computed,
-    and ``ModuleNode``."""
-    if (settings, names_its_own) not in _SETTINGS:
-        _SETTINGS.append((settings, names_its_own))
+    node computes, where they are not the default (none: ``()``), ``names_its_own``, the
+    kind of node whose declaration names its precision itself, and ``enter``, which makes
+    the settings of this process those a precision names for the time of a block, as
+    ``settings`` names them (idempotent): ``somatize.torch`` registers torch's default
+    dtype and how its products are computed, and ``ModuleNode``."""
+    if (settings, names_its_own, enter) not in _SETTINGS:
+        _SETTINGS.append((settings, names_its_own, enter))
 
 
 def keyed_in_precision(node: Any) -> bool:
     """Whether ``node``'s key names the precision a forward is called in: any node but one
-    whose declaration names it itself (:func:`keyed_by_precision`)."""
-    return not any(isinstance(node, kind) for _, kind in _SETTINGS)
+    whose class says its answer does not depend on it (``ignores_precision``: a data
+    source) and one whose declaration names it itself (:func:`keyed_by_precision`)."""
+    if node.ignores_precision:
+        return False
+    return not any(isinstance(node, kind) for _, kind, _ in _SETTINGS)
 
 
 def autocast_on() -> Precision:
@@ -85,10 +104,32 @@ def precision_now() -> Precision | None:
     precision, and where torch is not imported."""
     if "torch" not in sys.modules:
         return None
-    if not _SETTINGS:
-        importlib.import_module("somatize.torch")  # registers torch's settings
     autocast = autocast_on()
     said = tuple((f"autocast.{device}", dtype) for device, dtype in autocast) if autocast else ()
-    for settings, _ in _SETTINGS:
+    for settings, _, _ in _registered():
         said += settings()
     return said or None
+
+
+@contextlib.contextmanager
+def entered(precision: Precision) -> Iterator[None]:
+    """The settings of this whole process made those ``precision`` names (the default where
+    it names none) for the time of the block, and put back after it, by each library
+    registered (:func:`keyed_by_precision`; autocast, kept per thread, is not among them).
+    Only for a process that computes nothing else meanwhile: every thread computes in them.
+    A setting none of them can make is left as it is: read :func:`precision_now` in it."""
+    with contextlib.ExitStack() as stack:
+        # Where torch is not imported, its settings are its defaults: nothing to enter for
+        # the default precision.
+        if precision or "torch" in sys.modules:
+            for _, _, enter in _registered():
+                stack.enter_context(enter(precision))
+        yield
+
+
+def _registered() -> list[tuple[Callable[[], Precision], type, Enter]]:
+    """What :func:`keyed_by_precision` registered, ``somatize.torch`` imported first where
+    nothing is, to register torch's settings."""
+    if not _SETTINGS:
+        importlib.import_module("somatize.torch")
+    return _SETTINGS

@@ -291,10 +291,16 @@ class Node:
       cached before somebody settles it is refused. Such a node crosses to a
       network worker only when it can hand its state over: its class writes
       :meth:`state_bytes` and :meth:`load_state`.
+    - ``ignores_precision``: True when the node's answer does not depend on the
+      precision a forward is called in — it computes with no torch (it reads rows,
+      parses, counts) — so its key never names that precision (autocast, the default
+      dtype, TF32: :mod:`somatize._precision`) and a network worker runs it whatever
+      its process sets. A node that may compute with torch leaves it False.
     - ``identity``: a stable ``module:qualname`` to use instead of the class's own.
     """
 
     holds_state: bool = False
+    ignores_precision: bool = False
     _smz: Marks
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -14,8 +14,9 @@ Each is named only where it is not torch's default, so the usual keys do not cha
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -180,6 +181,68 @@ def settings() -> Named:
     if _cuda_built():
         said.extend(named for named in products("cuda") if named not in said)
     return tuple(said)
+
+
+@contextlib.contextmanager
+def entered(named: Named) -> Iterator[None]:
+    """The settings of this process made as ``named`` says (as :func:`settings` names them;
+    torch's default where it names none) for the time of the block, and put back as they
+    were after it: the default dtype, how float32 products and convolutions are computed,
+    and whether oneDNN and cuDNN are on. They hold for every thread of the process, so only
+    a process that computes nothing else meanwhile enters them (a Ray actor, which runs one
+    job at a time). cuBLAS's settings of half-precision products, and a setting this torch
+    lacks (one built without CUDA), are left as they are: who enters them reads
+    :func:`settings` again."""
+    said = set(named)
+    put_back: list[Callable[[], None]] = []
+    try:
+        for read, write, wanted in _switches(said):
+            was = read()
+            if wanted is not None and was != wanted:
+                write(wanted)
+                put_back.append(functools.partial(write, was))
+        yield
+    finally:
+        for undo in reversed(put_back):
+            undo()
+
+
+Switch = tuple[Callable[[], Any], Callable[[Any], None], Any]
+"""A setting :func:`entered` sets: what reads it, what writes it, and the value it is to
+hold (None: any it holds, torch's default among them)."""
+
+
+def _switches(said: set[tuple[str, str]]) -> Iterator[Switch]:
+    """Each setting :func:`settings` names that :func:`entered` sets, with the value ``said``
+    names for it (as :func:`settings` names them)."""
+    named = dict(said)
+    made = getattr(torch, named.get("default", "float32"), None)
+    if isinstance(made, torch.dtype):
+        yield torch.get_default_dtype, torch.set_default_dtype, made
+    devices = ("cpu", "cuda") if _cuda_built() else ("cpu",)
+    if _per_backend():
+        for device in devices:
+            for name, read, usual in _fp32_readers(device):
+                holder = functools.reduce(getattr, name.split("."), torch.backends)
+                write = functools.partial(setattr, holder, "fp32_precision")
+                wanted = named.get(name) or (None if read() in usual else usual[0])
+                yield read, write, wanted
+    else:
+        matmul = named.get("matmul", "highest")
+        yield torch.get_float32_matmul_precision, torch.set_float32_matmul_precision, matmul
+        if _cuda_built():
+            yield _cudnn_tf32, _set_cudnn_tf32, ("cudnn", "without tf32") not in said
+    yield torch._C._get_mkldnn_enabled, torch._C._set_mkldnn_enabled, ("mkldnn", "off") not in said
+    if _cuda_built():
+        yield torch._C._get_cudnn_enabled, torch._C._set_cudnn_enabled, ("cudnn", "off") not in said
+
+
+def _cudnn_tf32() -> bool:
+    return bool(torch.backends.cudnn.allow_tf32)
+
+
+def _set_cudnn_tf32(on: bool) -> None:
+    torch.backends.cudnn.allow_tf32 = on
 
 
 def _made_in() -> Named:

@@ -61,7 +61,7 @@ from somatize.canonical import NotCanonical
 from somatize.catalog import identity_of, nameless_because
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.node import attributes_of, restates, sees_state
-from somatize_torch._precision import Named, precision_on, settings
+from somatize_torch._precision import Named, entered, precision_on, settings
 from somatize_torch._settings import SettingsWatch, _configs_in, hooks_of, settings_of, stood_for
 from somatize_torch._state import (
     Read,
@@ -1033,7 +1033,7 @@ def _restate_module(node: Any) -> str | None:
 restates(nn.Module, _restate_module)
 # Every other node's key names the precision a forward is called in, where it is not the
 # default; a ModuleNode's declaration names it itself, by the device its weights are on.
-keyed_by_precision(settings, ModuleNode)
+keyed_by_precision(settings, ModuleNode, entered)
 
 
 def drew_at_random(who: str, recalled: str, drop: str) -> str:

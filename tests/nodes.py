@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from somatize import Node
@@ -95,3 +97,25 @@ class Slotted(Node):
 
     def forward(self, value: float, ctx: Any) -> float:
         return float(value * self.by + self.offset)
+
+
+class Total(Node):
+    """The sum of a frame's ``n`` column: plain Python, whatever precision torch is set to."""
+
+    ignores_precision = True
+
+    def forward(self, frame: Any, ctx: Any) -> int:
+        return sum(frame.column("n"))
+
+
+@contextlib.contextmanager
+def matmul_in_tf32() -> Iterator[None]:
+    """float32 products computed in TF32 in this process for the block, as Lightning's
+    warning asks (``torch.set_float32_matmul_precision("high")``); torch's default after."""
+    import torch
+
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision("highest")

@@ -154,8 +154,9 @@ def test_a_plain_node_on_a_ray_worker_is_keyed_in_the_precision_the_graph_is_cal
     """A cached plain node on a Ray actor called under bf16 autocast is kept under the key
     the client names for that call, which the actor works out too, and never recalled for
     a float32 call; with another default dtype where the graph is called, a setting of
-    the client's process that the actor's does not share, it is refused, not computed
-    there in float32 and kept under a key naming float64."""
+    the client's process that the actor's does not share, the actor enters it for the job
+    (it computes one job at a time) rather than compute there in float32 what is kept under
+    a key naming float64, or refuse."""
     x = Opaque(torch.randn(4, 3))
     g = Graph.somatize(Products().named("p").frozen().cached().at("w1"))
     seen: list[dict[str, Any]] = []
@@ -171,8 +172,10 @@ def test_a_plain_node_on_a_ray_worker_is_keyed_in_the_precision_the_graph_is_cal
     made = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        with pytest.raises(Unbuildable, match=r"`p` on worker `w1` would run in torch's default"):
-            g.forward(x, store=store, broker=broker)
+        wide = Opaque(torch.randn(4, 3))  # float64, as the actor makes them now
+        assert torch.equal(g.forward(wide, store=store, broker=broker), wide.value @ wide.value.T)
+        assert g.record is not None and g.record.outcome == {"p": "ran"}
+        assert broker.key_on("w1", g, "p", [root_key(wide)]) == _kept_keys(g.record.facts)["p"]
     finally:
         torch.set_default_dtype(made)
 

@@ -24,7 +24,7 @@ from somatize.data import (
     settle,
 )
 from somatize.node import Context
-from tests.nodes import Echo
+from tests.nodes import Echo, Total, matmul_in_tf32
 
 
 class Count(Node):
@@ -55,13 +55,6 @@ def test_a_table_is_read_by_span_without_copying() -> None:
     assert head.address == source.table.column("n").chunks[0].buffers()[1].address
     assert len(source.forward({"at": 500, "take": 64}, Context(name="t"))) == 0
     assert source.count_rows() == 100
-
-
-class Total(Node):
-    """The sum of a frame's `n` column."""
-
-    def forward(self, frame: Frame, ctx: Context) -> int:
-        return sum(frame.column("n"))
 
 
 def test_a_table_over_memory_written_in_place_keeps_what_it_was_made_from(
@@ -433,3 +426,18 @@ def test_a_tables_rows_and_version_are_fixed_when_it_is_built() -> None:
     with pytest.raises(AttributeError, match=r"is fixed when it is built.*Build a new"):
         source.version = "blake3:" + "1" * 64
     assert source.forward({"at": 0, "take": 2}, Context(name="t")).column("n") == [0, 1]
+
+
+def test_a_table_and_the_plain_node_below_it_keep_their_keys_under_tf32(store: Store) -> None:
+    """A graph of a Table and a cached node that computes nothing with torch (which says so:
+    ``ignores_precision``), called with float32 products in TF32 as Lightning's warning
+    asks, recalls what the same graph kept in torch's default precision: neither key names
+    the precision, so a store filled before keeps answering (every key was new)."""
+    g = Graph.somatize(
+        Table(_numbers(8)).named("t").frozen() >> Total().named("total").frozen().cached()
+    )
+    settle(g)
+    assert g.forward({"at": 0, "take": 8}, store=store) == 28
+    with matmul_in_tf32():
+        assert g.forward({"at": 0, "take": 8}, store=store) == 28
+    assert g.record is not None and g.record.outcome["total"] == "recalled"

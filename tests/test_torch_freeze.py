@@ -43,6 +43,7 @@ from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
 from tests.decoding import Decoder, NotesWidth, steps_alike
 from tests.global_modules import CHANGES, normed_cell, scaled
+from tests.nodes import matmul_in_tf32
 
 
 class Encoder(nn.Module):
@@ -859,10 +860,11 @@ def test_a_cached_plain_node_on_a_worker_is_keyed_as_where_the_graph_is_called(
 
 
 def test_a_network_worker_refuses_a_plain_node_keyed_in_another_precision() -> None:
-    """A network worker whose process computes in another precision than the key of the
-    job's node names (another default dtype, where the graph is called or there: a setting
-    of the whole process, which no job carries) refuses to run it, saying so, rather than
-    keep under that key an answer it does not describe."""
+    """A network worker in the process the graph is called in (an embedded broker's), whose
+    process computes in another precision than the key of the job's node names (another
+    default dtype set since the graph was called: a setting of the whole process, which it
+    does not set for one job while other threads compute in it) refuses to run it, saying
+    so, rather than keep under that key an answer it does not describe."""
     from somatize.broker.host import Host, job_for
     from somatize.catalog import blueprint_of
     from somatize.node import Context
@@ -877,12 +879,63 @@ def test_a_network_worker_refuses_a_plain_node_keyed_in_another_precision() -> N
     torch.set_default_dtype(torch.float64)
     try:
         with pytest.raises(
-            Unbuildable, match=r"`gram` on worker `w1` would run in default float64"
+            Unbuildable,
+            match=r"`gram` on worker `w1` would run in default float64.*changed since the forward",
         ):
             Host("w1").run(job, sent)
     finally:
         torch.set_default_dtype(made)
     assert Host("w1").run(job, sent).kept is None  # in the precision its key names, it runs
+
+
+class MadeIn(Node):
+    """Answers the dtype of a tensor it makes and how float32 products are computed on the
+    host, as its process has them set."""
+
+    def forward(self, x: Any, ctx: Any) -> list[str]:
+        return [str(torch.ones(1).dtype), torch.backends.mkldnn.matmul.fp32_precision]
+
+
+def test_a_worker_of_its_own_process_runs_a_plain_node_in_the_settings_its_key_names() -> None:
+    """A network worker in a process of its own that runs one job at a time (a Ray actor)
+    runs a plain node in the default dtype and float32 precision its key names, whatever its
+    process sets, and puts its own back after: it refused it (Unbuildable) for a graph
+    called with TF32 set, as Lightning's warning asks, where the worker's process had not,
+    and the other way round."""
+    from somatize.broker.host import Host, Reply, job_for, unpack
+    from somatize.catalog import blueprint_of
+    from somatize.node import Context
+
+    g = Graph.somatize(MadeIn().named("made").frozen().cached().at("w1"))
+    blueprint = blueprint_of(g.node("made"), "made")
+    ctx = Context(name="made", key="blake3:" + "0" * 64, worker="w1", store=None)
+    host = Host("w1", apart=True)
+    with matmul_in_tf32():
+        job, sent = job_for(g, "made", "w1", blueprint, [1], ctx, keep=False)
+    usual = torch.backends.mkldnn.matmul.fp32_precision
+    reply = host.run(job, sent)
+    assert isinstance(reply, Reply)
+    assert unpack(reply.codec, reply.data) == ["torch.float32", "tf32"]
+    assert torch.backends.mkldnn.matmul.fp32_precision == usual
+    job, sent = job_for(g, "made", "w1", blueprint, [1], ctx, keep=False)
+    made = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with matmul_in_tf32():
+            reply = host.run(job, sent)
+            assert isinstance(reply, Reply)
+            dtype, products = unpack(reply.codec, reply.data)
+            assert dtype == "torch.float32" and products in ("none", "ieee")  # full precision
+            assert torch.backends.mkldnn.matmul.fp32_precision == "tf32"
+            assert torch.get_default_dtype() == torch.float64
+    finally:
+        torch.set_default_dtype(made)
+    # cuBLAS's half-precision settings are not entered: the job is refused, saying so.
+    half = (("cuda.matmul.allow_fp16_accumulation", "True"),)
+    elsewhere = dataclasses.replace(job, precision=half)
+    with pytest.raises(Unbuildable, match=r"names cuda.matmul.allow_fp16.*could not set the"):
+        host.run(elsewhere, sent)
+    assert torch.get_default_dtype() == made
 
 
 def test_a_cached_plain_node_called_in_two_precisions_from_two_threads_keys_each_as_it_runs(

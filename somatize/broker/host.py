@@ -90,7 +90,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from somatize import canonical
-from somatize._precision import Precision, autocast_on, keyed_in_precision, precision_now
+from somatize._precision import (
+    Precision,
+    autocast_on,
+    entered,
+    keyed_in_precision,
+    precision_now,
+)
 from somatize._threads import ProcessLock
 from somatize.catalog import (
     Blueprint,
@@ -173,7 +179,8 @@ class Job:
     precision: tuple[tuple[str, str], ...] | None = None
     """For a keyed node whose key names the precision the graph is called in
     (:func:`~somatize._precision.keyed_in_precision`): that precision (``()``, torch's
-    default), which the worker must run it in, its autocast entered; None for any other."""
+    default), which the worker must run it in, its autocast entered, and the settings of
+    its process too where it runs apart (:attr:`Host.apart`); None for any other."""
 
 
 @dataclass(frozen=True)
@@ -257,24 +264,47 @@ def _keyed_precision(graph: Graph, node: str, ctx: Context) -> Precision | None:
     return precision_now() or ()
 
 
-def _refuse_other_precision(job: Job, worker: str) -> None:
-    """Unbuildable where the job's node would run here, in the autocast the job names, in
-    another precision than its key names (:attr:`Job.precision`): this process sets another
-    default dtype, or computes float32 products otherwise (TF32), which hold for the whole
-    process and no job carries. Its answer would be kept, and recalled, under a key that
-    does not describe it."""
+def _in_precision(job: Job, apart: bool) -> AbstractContextManager[Any]:
+    """Where this host runs apart (:attr:`Host.apart`: a process of its own, one job at a
+    time), the settings of the process the job's node is keyed in (:attr:`Job.precision`)
+    entered for the job and put back after; nothing otherwise: a worker in the process the
+    graph is called in computes in the caller's settings already, and other threads compute
+    there meanwhile, which a setting entered for one job would reach."""
+    if job.precision is None or not apart:
+        return nullcontext()
+    return entered(job.precision)
+
+
+def _refuse_other_precision(job: Job, worker: str, apart: bool) -> None:
+    """Unbuildable where the job's node would run here, its autocast and, apart, the settings
+    of its process entered (:func:`_in_precision`), in another precision than its key names
+    (:attr:`Job.precision`). Its answer would be kept, and recalled, under a key that does
+    not describe it."""
     if job.precision is None:
         return
     here = precision_now() or ()
     if sorted(here) == sorted(job.precision):
         return
-    raise Unbuildable(
+    said = (
         f"`{job.name}` on worker `{worker}` would run in {_said(here)}, and its key names "
         f"{_said(job.precision)}, the precision the graph is called in: its answer would be "
-        f"kept under a key that does not describe it. `{job.name}` did not run. Set the same "
-        "default dtype (`torch.set_default_dtype`) and float32 precision "
-        "(`torch.set_float32_matmul_precision`, TF32) in the worker's process as where the "
-        'graph is called, or place the node on a `Worker.generic(mode="local")` worker'
+        f"kept under a key that does not describe it. `{job.name}` did not run. "
+    )
+    if apart:
+        raise Unbuildable(
+            said + "The worker set what its torch can set for the job (the default dtype, "
+            "float32 precision, oneDNN and cuDNN on or off) and could not set the rest: a "
+            "setting its torch lacks (one built without CUDA, another version) or cuBLAS's "
+            "half-precision settings. Install the same torch on the worker as where the graph "
+            "is called and set those in its process, or place the node on a "
+            '`Worker.generic(mode="local")` worker'
+        )
+    raise Unbuildable(
+        said + "This worker runs in the process the graph is called in, whose default dtype "
+        "or float32 precision (`torch.set_default_dtype`, `torch.set_float32_matmul_precision`"
+        ") changed since the forward began — set by another thread — and which it does not set "
+        "back for one job, since every thread of the process computes in it. Leave them as "
+        "they are while a forward runs"
     )
 
 
@@ -557,8 +587,10 @@ class Host:
         """Around each node's forward: where an interrupted forward may stop it (an embedded
         broker's :meth:`~somatize.broker.Broker.stoppable`)."""
         self.apart = apart
-        """Whether this host runs in a process of its own (a Ray actor): the modules it
-        imported stay as it imported them, whatever the client reloads since."""
+        """Whether this host runs in a process of its own (a Ray actor), one job at a time:
+        the modules it imported stay as it imported them, whatever the client reloads since,
+        and it enters for each job the settings of the process its node's key names (the
+        default dtype, TF32), which hold for all its threads."""
         self._nodes: dict[tuple[bytes, str | None], Node] = {}
         self._spare: dict[bytes, Node] = {}
         """Blueprint → a node built for it ahead of its first job (:meth:`admit`) and not
@@ -847,10 +879,11 @@ class Host:
                 self.stoppable(),
                 _grad_mode(job.grad),
                 _autocast(job.autocast, job.autocast_cache),
+                _in_precision(job, self.apart),
             ):
                 if self.let_go:  # as one interrupted before its forward began
                     raise KeyboardInterrupt
-                _refuse_other_precision(job, self.worker)
+                _refuse_other_precision(job, self.worker, self.apart)
                 value = node.forward(*inputs, ctx)
                 if _needs_grad(value):
                     raise answer_needs_grad(job.name, self.worker)

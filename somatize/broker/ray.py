@@ -247,7 +247,9 @@ def _directories(import_paths: object) -> list[str]:
 
 
 class _Actor:
-    """The body of a worker's Ray actor: a :class:`Host` and a place to run it."""
+    """The body of a worker's Ray actor: a :class:`Host` and a place to run it. Ray runs its
+    methods one after another (it is started with no ``max_concurrency``), so its host runs
+    apart: one job at a time in the actor's process, whose settings it enters for each."""
 
     def __init__(self, worker: str, import_paths: Sequence[str]) -> None:
         # First, in their order, ahead of what the process was started with: Ray puts the

@@ -503,6 +503,7 @@ class _Versioned(Node):
     """A source whose rows are decided by its version (its state) and the columns it reads."""
 
     holds_state = True
+    ignores_precision = True  # it reads rows, and computes nothing with torch
     _columns: tuple[str, ...] | None
     _version: str
     _files: _OpenFiles
