@@ -130,6 +130,18 @@ def entered(precision: Precision) -> Iterator[None]:
 def _registered() -> list[tuple[Callable[[], Precision], type, Enter]]:
     """What :func:`keyed_by_precision` registered, ``somatize.torch`` imported first where
     nothing is, to register torch's settings."""
-    if not _SETTINGS:
-        importlib.import_module("somatize.torch")
+    if not _SETTINGS and not _UNREADABLE:
+        try:
+            importlib.import_module("somatize.torch")
+        except ImportError as why:
+            # torch installed on its own, without numpy (which torch does not require and
+            # `somatize.torch` does): nothing here can keep a tensor, and a node computing
+            # with torch is keyed by the autocast it runs under alone, as it is read from
+            # torch itself. Said once: the import is not tried at every forward.
+            _UNREADABLE.append(why)
     return _SETTINGS
+
+
+_UNREADABLE: list[ImportError] = []
+"""Why ``somatize.torch`` could not be imported to register torch's settings, once it was
+tried (:func:`_registered`)."""

@@ -810,6 +810,36 @@ def test_a_plain_node_is_keyed_by_its_precision_where_only_torch_is_imported(
     subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True)
 
 
+def test_a_forward_with_a_store_runs_where_torch_is_imported_without_numpy(
+    tmp_path: pathlib.Path,
+) -> None:
+    """torch installed on its own needs no numpy, and ``somatize.torch`` does: a forward
+    with a store in a process that imported torch reads the precision all the same (the
+    autocast, which torch itself says), rather than failing every forward on the import
+    of ``somatize.torch``; its answers are kept and recalled, and one computed under bf16
+    autocast is not recalled for the float32 call."""
+    code = (
+        "import sys, warnings\n"
+        "sys.modules['numpy'] = None  # as if it were not installed\n"
+        "warnings.simplefilter('ignore')  # torch warns it found no numpy\n"
+        "import torch\n"
+        "from somatize import Graph, Node\n"
+        "class Sums(Node):\n"
+        "    def forward(self, x, ctx):\n"
+        "        a = torch.linspace(0, 1, x['n'] * x['n']).reshape(x['n'], x['n'])\n"
+        "        return float((a @ a).sum())\n"
+        "g = Graph.somatize(Sums().named('s').frozen().cached())\n"
+        "plain = g.forward({'n': 7}, store=sys.argv[1])\n"
+        "assert g.forward({'n': 7}, store=sys.argv[1]) == plain\n"
+        "assert g.record.outcome == {'s': 'recalled'}, g.record.outcome\n"
+        "with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+        "    lowered = g.forward({'n': 7}, store=sys.argv[1])\n"
+        "assert g.record.outcome == {'s': 'ran'}, g.record.outcome\n"
+        "assert plain != lowered, (plain, lowered)\n"
+    )
+    subprocess.run([sys.executable, "-c", code, str(tmp_path)], check=True)
+
+
 def test_a_node_below_a_plain_node_run_under_autocast_is_keyed_apart(store: Store) -> None:
     """A cached node that reads what a plain node computed under autocast, and the items of
     a mapped plain node, are keyed by that precision too: a module, which names its own
