@@ -100,6 +100,45 @@ def test_a_time_beyond_what_python_can_hold_is_refused_as_plain_values(
     assert frame.column("n") == [1] * len(column)
 
 
+@pytest.mark.parametrize(
+    "column",
+    [
+        pyarrow.array([0], pyarrow.timestamp("us", tz="Mars/Olympus")),
+        pyarrow.array([0], pyarrow.timestamp("ns", tz="Mars/Olympus")),
+        pyarrow.array([[0]], pyarrow.list_(pyarrow.timestamp("s", tz="Mars/Olympus"))),
+    ],
+    ids=["timestamp", "to the nanosecond", "in a list"],
+)
+@pytest.mark.parametrize("pytz", [False, True], ids=["zoneinfo", "pytz installed"])
+def test_a_time_in_a_zone_python_cannot_load_is_refused_as_plain_values(
+    column: pyarrow.Array, pytz: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A time in a time zone Python cannot load (a name its zoneinfo does not know, or no
+    time zone database) has no plain Python value: column() and rows() refuse it, naming the
+    column and the zone and saying to read it through Arrow, rather than raising pyarrow's
+    ArrowInvalid saying zoneinfo or pytz must be installed (or pytz's KeyError, where it is
+    installed). A time in a zone it loads reads as before."""
+    if pytz:
+
+        class UnknownTimeZoneError(KeyError):
+            pass
+
+        def timezone(zone: str) -> Any:
+            raise UnknownTimeZoneError(zone)
+
+        monkeypatch.setitem(sys.modules, "pytz", type(sys)("pytz"))
+        monkeypatch.setattr(sys.modules["pytz"], "timezone", timezone, raising=False)
+    paris = pyarrow.array([0] * len(column), pyarrow.timestamp("us", tz="Europe/Paris"))
+    frame = Frame(pyarrow.table({"t": column, "paris": paris}))
+    with pytest.raises(
+        NotPlain, match=r"column `t` holds times in the time zone `Mars/Olympus`.*to_arrow"
+    ):
+        frame.column("t")
+    with pytest.raises(NotPlain, match=r"this frame \(column `t`\) holds times in the time zone"):
+        list(frame.rows())
+    assert frame.column("paris")[0].utcoffset() == datetime.timedelta(hours=1)
+
+
 @pytest.mark.parametrize("nested", [False, True], ids=["column", "in a list"])
 def test_an_interval_of_months_days_and_nanoseconds_is_refused_as_plain_values(
     nested: bool,

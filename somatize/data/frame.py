@@ -115,19 +115,49 @@ class NoPolars(DataError, ImportError):
 class NotPlain(DataError, ValueError):
     """Values asked for as plain Python (``column``, ``rows``) that have none: a time or a
     duration to the nanosecond, or beyond the years 1 to 9999, which Python's ``datetime``
-    and ``timedelta`` cannot hold, or an interval of months, days and nanoseconds."""
+    and ``timedelta`` cannot hold, a time in a time zone Python cannot load, or an interval
+    of months, days and nanoseconds."""
+
+
+def _within(kind: pyarrow.DataType) -> Iterator[pyarrow.DataType]:
+    """``kind`` and the type of every value its values hold, at any depth."""
+    yield kind
+    if isinstance(kind, pyarrow.BaseExtensionType):
+        yield from _within(kind.storage_type)
+    elif isinstance(kind, pyarrow.DictionaryType):
+        yield from _within(kind.value_type)
+    else:
+        for index in range(kind.num_fields):
+            yield from _within(kind.field(index).type)
 
 
 def _holds(kind: pyarrow.DataType, test: Callable[[pyarrow.DataType], bool]) -> bool:
     """Whether values of type ``kind`` hold, at any depth, values of a type ``test`` says
     yes of."""
-    if test(kind):
-        return True
-    if isinstance(kind, pyarrow.BaseExtensionType):
-        return _holds(kind.storage_type, test)
-    if isinstance(kind, pyarrow.DictionaryType):
-        return _holds(kind.value_type, test)
-    return any(_holds(kind.field(index).type, test) for index in range(kind.num_fields))
+    return any(test(inner) for inner in _within(kind))
+
+
+def _unknown_zones(kind: pyarrow.DataType) -> list[str]:
+    """The time zones of the times ``kind`` holds, at any depth, that Python cannot load
+    (a name its ``zoneinfo`` does not know, or any name where there is no time zone
+    database), in order: pyarrow hands such a time over as Python's ``datetime`` in its
+    zone, and fails for want of one, saying ``zoneinfo`` or ``pytz`` must be installed."""
+    zones = {
+        inner.tz
+        for inner in _within(kind)
+        if isinstance(inner, pyarrow.TimestampType) and inner.tz is not None
+    }
+    return sorted(zone for zone in zones if not _loads(zone))
+
+
+def _loads(zone: str) -> bool:
+    """Whether pyarrow hands a time in ``zone`` over as a Python ``datetime``: asked as it
+    asks it, of one time, which loads the zone."""
+    try:
+        pyarrow.scalar(0, pyarrow.timestamp("s", tz=zone)).as_py()
+    except (ValueError, LookupError):  # pytz, where it is installed, raises a KeyError
+        return False
+    return True
 
 
 def _in_nanoseconds(kind: pyarrow.DataType) -> bool:
@@ -139,7 +169,8 @@ def _in_nanoseconds(kind: pyarrow.DataType) -> bool:
 def _plain(values: pyarrow.Table | pyarrow.ChunkedArray, what: str) -> list[Any]:
     """``values`` as plain Python values; NotPlain when a time or duration among them is finer
     than a microsecond (pyarrow hands those over as pandas values, and only where pandas is
-    installed), or beyond the years Python's ``datetime`` holds, or when they hold intervals
+    installed), or beyond the years Python's ``datetime`` holds, or in a time zone Python
+    cannot load, or when they hold intervals
     of months, days and nanoseconds (pyarrow hands those over as a ``MonthDayNano`` of its
     own, which no other process can unpickle)."""
     kinds = values.schema.types if isinstance(values, pyarrow.Table) else [values.type]
@@ -163,8 +194,9 @@ def _plain(values: pyarrow.Table | pyarrow.ChunkedArray, what: str) -> list[Any]
             "plain Python value. Read it through `to_arrow()`, where it is the number Arrow "
             "holds"
         ) from None
-    except ValueError:
-        if not any(_holds(kind, _in_nanoseconds) for kind in kinds):
+    except (ValueError, LookupError) as error:  # pytz's unknown zone is a KeyError
+        _refuse_unknown_zones(values, what)
+        if isinstance(error, LookupError) or not any(_holds(k, _in_nanoseconds) for k in kinds):
             raise
         raise NotPlain(
             f"{what} holds a time or duration to the nanosecond, not a whole number of "
@@ -174,6 +206,35 @@ def _plain(values: pyarrow.Table | pyarrow.ChunkedArray, what: str) -> list[Any]
             "(`column.cast(pyarrow.timestamp('us', tz=...))`)"
         ) from None
     return plain
+
+
+def _refuse_unknown_zones(values: pyarrow.Table | pyarrow.ChunkedArray, what: str) -> None:
+    """NotPlain where ``values`` hold times in a time zone Python cannot load
+    (:func:`_unknown_zones`), naming the zones, and the columns holding them."""
+    if isinstance(values, pyarrow.Table):
+        held = {field.name: _unknown_zones(field.type) for field in values.schema}
+        columns = [name for name, zones in held.items() if zones]
+        if not columns:
+            return
+        unknown = sorted({zone for zones in held.values() for zone in zones})
+        what = f"{what} ({_listed('column', columns)})"
+    else:
+        unknown = _unknown_zones(values.type)
+        if not unknown:
+            return
+    raise NotPlain(
+        f"{what} holds times in the {_listed('time zone', unknown)}, "
+        "which Python cannot load: its `zoneinfo` knows no zone of that name, or finds no "
+        "time zone database on this machine (`pip install tzdata`), so they have no plain "
+        "Python value. Read them through `to_arrow()`, where they are the instants Arrow "
+        "holds, or cast them to a zone Python knows "
+        "(`column.cast(pyarrow.timestamp('us', tz='UTC'))`)"
+    ) from None
+
+
+def _listed(noun: str, names: list[str]) -> str:
+    """``noun`` and ``names``, as a message lists them: "column `a`", "columns `a`, `b`"."""
+    return f"{noun}{'s' if len(names) > 1 else ''} {', '.join(f'`{name}`' for name in names)}"
 
 
 class Frame:
