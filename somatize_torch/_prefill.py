@@ -151,7 +151,8 @@ def prefill(
         except ImportError:
             raise ImportError(
                 "prefill(progress=True) shows a progress bar with tqdm, which is not installed: "
-                "`pip install tqdm`, or pass progress=False"
+                "the `torch` extra brings it, `pip install 'somatize[torch]'` (or `pip install "
+                "'tqdm>=4.60'`), or pass progress=False"
             ) from None
         items = tqdm(
             loader, total=length_of(loader), desc=f"prefill {type(cached.module).__name__}"

@@ -165,9 +165,10 @@ def test_to_arrow_is_the_table_itself() -> None:
 
 
 def test_to_polars_without_polars_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With polars missing, to_polars() is an ImportError naming `pip install polars`."""
+    """With polars missing, to_polars() is an ImportError naming the extra that brings it
+    (`pip install 'somatize[polars]'`), which it named none of."""
     monkeypatch.setitem(sys.modules, "polars", None)
-    with pytest.raises(NoPolars, match="`pip install polars`") as refused:
+    with pytest.raises(NoPolars, match=r"`pip install 'somatize\[polars\]'`") as refused:
         Frame(_table()).to_polars()
     assert isinstance(refused.value, ImportError)
 

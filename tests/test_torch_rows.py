@@ -1665,6 +1665,18 @@ def test_prefill_warms_the_cache_with_a_progress_bar(
     assert cached.stats.from_device == 48
 
 
+def test_prefill_without_tqdm_names_the_extra_that_brings_it(
+    cached: CachedRows, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prefill with a progress bar and tqdm missing is an ImportError naming the extra
+    that brings it (`pip install 'somatize[torch]'`), where it said `pip install tqdm`;
+    without the bar it runs."""
+    monkeypatch.setitem(sys.modules, "tqdm.auto", None)
+    with pytest.raises(ImportError, match=r"`pip install 'somatize\[torch\]'`.*progress=False"):
+        prefill(cached, loader(images(16)))
+    assert prefill(cached, loader(images(16)), progress=False).rows == 16
+
+
 def test_prefill_counts_as_kept_only_the_rows_it_kept(
     cached: CachedRows, store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -299,7 +299,8 @@ class Frame:
         except ImportError:
             raise NoPolars(
                 "`to_polars()` needs polars, which is not installed here and is not a dependency "
-                "of somatize: `pip install polars`, or use `to_arrow()` (Arrow, no copy) or "
+                "of somatize: install its extra, `pip install 'somatize[polars]'` (or `pip "
+                "install 'polars>=1.0'`), or use `to_arrow()` (Arrow, no copy) or "
                 "`column(name)` (plain Python values)"
             ) from None
         return polars.from_arrow(self._table)
