@@ -48,12 +48,15 @@ from somatize.engine import NodeFailed, Record
 from somatize.errors import SomatizeError
 from somatize.plan import declared_again
 from somatize_torch._errors import (
+    EXPORT,
+    JIT_TRACE,
     CachedInputNeedsGrad,
     WrapError,
+    exporting,
     gradient_cut,
     in_a_transform,
     jit_tracing,
-    traced_by_jit,
+    traced_by,
     transforming,
 )
 from somatize_torch._modes import marked_as_needed, outside_compiled
@@ -146,6 +149,8 @@ class _Cached(nn.Module):
         """The declaration and state the graphs in ``_solos`` were built for."""
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if exporting():  # before the call kept out of compiled code, which export cannot make
+            raise traced(self.node._smz.name or "?", EXPORT)
         return marked_as_needed(_remember)(self, *args, **kwargs)
 
     def bound(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
@@ -402,9 +407,7 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
             check_still(name, held.module)
         return self.call(*args, **kwargs)
     if jit_tracing():
-        raise traced_by_jit(
-            f"`{name}` is cached and", "the model itself (`wrapped.model`), which runs uncached"
-        )
+        raise traced(name, JIT_TRACE)
     if kwargs:
         args = self.bound(args, kwargs)
     args = self.trimmed(args)
@@ -565,6 +568,14 @@ def _check_records_none(self: _Cached, name: str, args: tuple[Any, ...]) -> None
             "the argument would train when the answer is computed and silently stop when it "
             "is recalled. Hand it `x.detach()`, or drop it from `cached=`"
         )
+
+
+def traced(name: str, tracer: str) -> TypeError:
+    """The refusal of a call of cached node ``name`` that ``tracer`` records
+    (:func:`~somatize_torch._errors.traced_by`)."""
+    return traced_by(
+        tracer, f"`{name}` is cached and", "the model itself (`wrapped.model`), which runs uncached"
+    )
 
 
 def _placed(out: Any, device: torch.device) -> Any:

@@ -14,6 +14,8 @@ the parts watcher) raise them without importing the wrapper that imports them::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.autograd import forward_ad
 
@@ -79,21 +81,43 @@ def in_a_transform(called: str, handed: str, instead: str) -> TypeError:
     )
 
 
-def traced_by_jit(called: str, instead: str) -> TypeError:
-    """The refusal of a cached call made while ``torch.jit.trace`` records it: the trace
-    keeps the operations a call runs as the code it runs for every later input, and a
-    recalled answer runs none (it would be answered whatever it is given)."""
+JIT_TRACE = "torch.jit.trace"
+EXPORT = "torch.export.export"
+"""What records a call as code for every later call (:func:`traced_by`)."""
+
+
+def traced_by(tracer: str, called: str, instead: str) -> TypeError:
+    """The refusal of a cached call made while ``tracer`` (:data:`JIT_TRACE`, as
+    :func:`jit_tracing` says; :data:`EXPORT`, as :func:`exporting` says) records it: what
+    it records of a call is the code it runs for every later input, and a recalled answer
+    runs none (it would be answered whatever it is given)."""
+    exported = tracer == EXPORT
+    what = (
+        "the program would answer every input as it answers this one, and the tensors "
+        "export traces with are stand-ins, holding no values to key the call by"
+        if exported
+        else "the trace would answer every input with what was recalled for this one"
+    )
     return TypeError(
-        f"{called} is called while `torch.jit.trace` traces it, which keeps the operations "
+        f"{called} is called while `{tracer}` traces it, which keeps the operations "
         "a call runs as the code every later call runs: a recalled answer runs none, so "
-        "the trace would answer every input with what was recalled for this one. Trace "
-        f"{instead}"
+        f"{what}. {'Export' if exported else 'Trace'} {instead}"
     )
 
 
 def jit_tracing() -> bool:
-    """Whether ``torch.jit.trace`` is recording what runs (:func:`traced_by_jit`)."""
+    """Whether ``torch.jit.trace`` is recording what runs (:func:`traced_by`)."""
     return torch._C._is_tracing()
+
+
+def exporting() -> bool:
+    """Whether ``torch.export`` is tracing what runs, strict or not (:func:`traced_by`):
+    asked before any function kept out of compiled code is called, which export cannot
+    call (or trace into). A torch before 2.6 has no such question, and says no."""
+    return _is_exporting()
+
+
+_is_exporting: Callable[[], bool] = getattr(torch.compiler, "is_exporting", lambda: False)
 
 
 def transforming() -> bool:

@@ -33,9 +33,10 @@ from somatize.engine import Drifted
 from somatize.errors import SomatizeWarning
 from somatize.store.base import Corrupt, Missing, StoreError
 from somatize_torch._errors import (
+    JIT_TRACE,
     in_a_transform,
     jit_tracing,
-    traced_by_jit,
+    traced_by,
     transforming,
 )
 from somatize_torch._modes import outside_compiled
@@ -525,14 +526,21 @@ def _recall_held(
             "call the module itself",
         )
     if jit_tracing():
-        raise traced_by_jit(
-            f"`{type(self.module).__name__}` is cached per row and",
-            "the module itself (`cached.module`) in the cache's place",
-        )
+        raise traced(self, JIT_TRACE)
     if not self._handed_back:  # as a rule: nothing to hold, and no context made per batch
         return _recall_or_run(self, x, index)
     with self._frozen_for_call():
         return _recall_or_run(self, x, index)
+
+
+def traced(self: CachedRows, tracer: str) -> TypeError:
+    """The refusal of a call of the cache that ``tracer`` records
+    (:func:`~somatize_torch._errors.traced_by`)."""
+    return traced_by(
+        tracer,
+        f"`{type(self.module).__name__}` is cached per row and",
+        "the module itself (`cached.module`) in the cache's place",
+    )
 
 
 _remember: Callable[..., Any] = outside_compiled(_recall_held)

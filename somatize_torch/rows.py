@@ -80,7 +80,7 @@ from torch import nn
 from somatize import Graph, Store
 from somatize._threads import ProcessLock
 from somatize.catalog import fingerprint_of
-from somatize_torch._errors import CachedInputNeedsGrad, gradient_cut
+from somatize_torch._errors import EXPORT, CachedInputNeedsGrad, exporting, gradient_cut
 from somatize_torch._modes import marked_as_needed, outside_compiled
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
@@ -103,7 +103,7 @@ from somatize_torch._row_keys import (
     code_watch,
     converted,
 )
-from somatize_torch._row_lookup import _remember
+from somatize_torch._row_lookup import _remember, traced
 from somatize_torch._row_options import DEVICE_BYTES as DEVICE_BYTES
 from somatize_torch._row_options import HOST_BYTES as HOST_BYTES
 from somatize_torch._row_options import check_options
@@ -447,6 +447,8 @@ class CachedRows(nn.Module):
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
         # Stands for the module it runs: torch's global hooks run with that one.
+        if exporting():  # before the calls kept out of compiled code, which export cannot make
+            raise traced(self, EXPORT)
         return marked_as_needed(stand_in_call)(self, args, kwargs, RowsError)
 
     def forward(

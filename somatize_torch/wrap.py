@@ -98,13 +98,15 @@ from somatize._threads import ProcessLock
 from somatize.engine import Record
 from somatize.memory import settled
 from somatize.node import Expr
-from somatize_torch._cached import _Cached, _Declared, _Watched
+from somatize_torch._cached import _Cached, _Declared, _Watched, traced
 from somatize_torch._errors import (
+    EXPORT,
     CachedInputNeedsGrad,
     NotCalled,
     UnknownSubmodule,
     Untraceable,
     WrapError,
+    exporting,
 )
 from somatize_torch._modes import load_compiler, marked_as_needed, outside_compiled, unwinding
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
@@ -461,6 +463,10 @@ class _WrappedWhole(Wrapped):
     more with the module standing for it."""
 
     def _call_impl(self, *args: Any, **kwargs: Any) -> Any:
+        if exporting():  # before the call kept out of compiled code, which export cannot make
+            (name,) = self.graph.nodes()
+            if self.graph.memory.is_cached(name):
+                raise traced(name, EXPORT)
         return marked_as_needed(stand_in_call)(self, args, kwargs, WrapError)
 
     def _look_at_ties(self) -> None:

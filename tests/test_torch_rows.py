@@ -2007,13 +2007,22 @@ def test_rows_cached_inside_grad_are_refused_saying_so(
     cached.close()
 
 
+@pytest.mark.parametrize(
+    "recorded",
+    ["jit.trace", "export", "export of the cache"],
+    ids=["torch.jit.trace", "torch.export", "torch.export of the cache"],
+)
 @pytest.mark.parametrize("key", ["content", "index"])
-def test_rows_traced_by_torch_jit_trace_are_refused(store: Store, key: str) -> None:
-    """`torch.jit.trace` of a row cache (or a model holding one) keeps what a call runs as
-    the code of every later call, and a recalled row runs nothing: the trace answered any
-    batch with the rows recalled for the traced one (content-keyed, a batch of token ids),
-    or with the memory they were put in (keyed by index). It is refused, saying to trace
-    the module itself; the cache answers as before."""
+def test_rows_traced_by_torch_jit_trace_or_export_are_refused(
+    store: Store, key: str, recorded: str
+) -> None:
+    """`torch.jit.trace` or `torch.export.export` of a row cache (or a model holding one)
+    keeps what a call runs as the code of every later call, and a recalled row runs nothing:
+    the trace answered any batch with the rows recalled for the traced one (content-keyed,
+    a batch of token ids), or with the memory they were put in (keyed by index); the export
+    failed with torch's own "Non-recursive torch.compiler.disable is not supported with
+    torch.export". Each is refused, saying to trace (or export) the module itself; the
+    cache answers as before."""
     torch.manual_seed(0)
     module = nn.Embedding(10, 3)
     options: dict[str, Any] = {} if key == "content" else {"key": "index", "version": "v1"}
@@ -2032,8 +2041,21 @@ def test_rows_traced_by_torch_jit_trace_are_refused(store: Store, key: str) -> N
     ids, index = torch.tensor([1, 2, 3]), torch.arange(3)
     holder = Holder()
     holder(ids, index)
-    with pytest.raises(TypeError, match=r"`torch\.jit\.trace` traces it.*`cached\.module`"):
-        torch.jit.trace(holder, (ids, index), check_trace=False)
+    if recorded == "jit.trace":
+        with pytest.raises(
+            TypeError,
+            match=r"`torch\.jit\.trace` traces it.*Trace the module itself \(`cached\.module`\)",
+        ):
+            torch.jit.trace(holder, (ids, index), check_trace=False)
+    else:
+        exported: nn.Module = holder if recorded == "export" else cached
+        arguments = (ids, index) if exported is holder else (ids,)
+        kwargs = {"index": index} if key == "index" and exported is cached else {}
+        with pytest.raises(
+            TypeError,
+            match=r"`torch\.export\.export` traces it.*Export the module itself \(`cached\.module`",
+        ):
+            torch.export.export(exported, arguments, kwargs)
     with torch.no_grad():
         assert torch.equal(holder(ids, index), module(ids))
         assert torch.equal(holder(ids + 4, index + 3), module(ids + 4))
