@@ -187,7 +187,13 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                     state.reads_shared(plan, node)
                 inputs = [values[p] for p in preds] if preds else [value_of]
                 worker = placement.worker_of(node)
-                ctx = Context(name=node, key=plan.keys.get(node), worker=worker, store=store)
+                ctx = Context(
+                    name=node,
+                    key=plan.keys.get(node),
+                    worker=worker,
+                    store=store,
+                    precision=static.precision,
+                )
                 shares = None
                 if local:
                     # One done and not taken yet counts: its answer may be what it was handed.
@@ -484,7 +490,9 @@ def run(
                     state.reads_shared(plan, node)
                 inputs = [values[p] for p in preds] if preds else [value_of]
                 # No worker runs it: with no broker `.at()` is ignored, and it runs here.
-                ctx = Context(name=node, key=plan.keys.get(node), store=store)
+                ctx = Context(
+                    name=node, key=plan.keys.get(node), store=store, precision=static.precision
+                )
                 if node in static.mapped:
                     values[node] = state.run_mapped(plan, node, inputs, ctx)
                     continue

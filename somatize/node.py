@@ -1014,6 +1014,10 @@ class Context:
     or with no broker, which ignores ``.at()``)."""
     store: Any = None
     """The store of this forward, or None."""
+    precision: tuple[tuple[str, str], ...] | None = None
+    """The precision the forward was called in, as its keys name it where it is not torch's
+    default (``(("autocast.cpu", "bfloat16"),)``: :mod:`somatize._precision`), read once as
+    the forward began; None in the default precision."""
 
 
 _ATOMIC = (int, float, complex, str, bytes, bool, type(None))

@@ -132,6 +132,10 @@ class Static:
     precisions: dict[Precision, Static] = field(default_factory=dict)
     """This graph state keyed in each of the last :data:`_PRECISIONS` precisions other than
     the default that a forward was called in (:meth:`under`)."""
+    precision: Precision | None = None
+    """The precision the keys of :attr:`precise` name, in this graph state as :meth:`under`
+    derived it (None: the default): what a node is told it is keyed in
+    (:attr:`~somatize.node.Context.precision`), and a worker runs it in."""
 
     def under(self, precision: Precision | None) -> Static:
         """This graph state as a forward called in ``precision`` keys it: itself in the
@@ -152,7 +156,13 @@ class Static:
             for node, _, preds, itemized in self.steps
         )
         found = dataclasses.replace(
-            self, prefix=prefix, steps=steps, known={}, precise=frozenset(), precisions={}
+            self,
+            prefix=prefix,
+            steps=steps,
+            known={},
+            precise=frozenset(),
+            precisions={},
+            precision=precision,
         )
         make_room(self.precisions, _PRECISIONS)
         self.precisions[precision] = found

@@ -39,6 +39,7 @@ from somatize import (
     keys,
     plan,
 )
+from somatize._precision import precision_now
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
 from tests.decoding import Decoder, NotesWidth, steps_alike
@@ -926,6 +927,60 @@ class MadeIn(Node):
         return [str(torch.ones(1).dtype), torch.backends.mkldnn.matmul.fp32_precision]
 
 
+class Float64Meanwhile(Node):
+    """Passes its input on, having had another thread make float64 the default dtype as it
+    ran the first time: a setting of the whole process changed while the forward runs."""
+
+    def __init__(self) -> None:
+        self._first = True
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        if not self._first:
+            return x
+        self._first = False
+        meanwhile = threading.Thread(target=torch.set_default_dtype, args=(torch.float64,))
+        meanwhile.start()
+        meanwhile.join()
+        return x
+
+
+def test_a_worker_runs_a_plain_node_in_the_precision_its_forward_began_in(store: Store) -> None:
+    """A plain node on a network worker whose key names the precision the forward was
+    called in (torch's default) is run in that one, or refused, when another thread set
+    another default dtype since the forward began: the job named the precision in force as
+    it was sent, so the embedded worker, finding it in force, ran the node in float64 and
+    kept its answer under the key of the float32 call, and a forward in float32 recalled
+    it; a Ray actor would have set float64 for it. The embedded worker now refuses it,
+    nothing kept, and a job says the precision the node is keyed in."""
+    from somatize import Broker, Worker
+    from somatize.broker.host import job_for
+    from somatize.catalog import blueprint_of
+    from somatize.node import Context
+
+    g = Graph.somatize(
+        Float64Meanwhile().named("meanwhile").frozen()
+        >> MadeIn().named("made").frozen().cached().at("w1")
+    )
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    made = torch.get_default_dtype()
+    try:
+        with pytest.raises(
+            Unbuildable, match=r"`made` on worker `w1` would run in default float64"
+        ):
+            g.forward(1, store=store, broker=broker)
+        torch.set_default_dtype(made)
+        assert g.forward(1, store=store, broker=broker)[0] == "torch.float32"
+        assert g.record is not None and g.record.outcome["made"] == "ran"
+    finally:
+        torch.set_default_dtype(made)
+        broker.close()
+    blueprint = blueprint_of(g.node("made"), "made")
+    ctx = Context(name="made", key="blake3:" + "0" * 64, worker="w1", store=None)
+    with matmul_in_tf32():  # set since the forward, keyed in the default precision, began
+        job, _ = job_for(g, "made", "w1", blueprint, [1], ctx, keep=False)
+    assert job.precision == ()
+
+
 def test_a_worker_of_its_own_process_runs_a_plain_node_in_the_settings_its_key_names() -> None:
     """A network worker in a process of its own that runs one job at a time (a Ray actor)
     runs a plain node in the default dtype and float32 precision its key names, whatever its
@@ -941,7 +996,8 @@ def test_a_worker_of_its_own_process_runs_a_plain_node_in_the_settings_its_key_n
     ctx = Context(name="made", key="blake3:" + "0" * 64, worker="w1", store=None)
     host = Host("w1", apart=True)
     with matmul_in_tf32():
-        job, sent = job_for(g, "made", "w1", blueprint, [1], ctx, keep=False)
+        tf32 = dataclasses.replace(ctx, precision=precision_now())
+        job, sent = job_for(g, "made", "w1", blueprint, [1], tf32, keep=False)
     usual = torch.backends.mkldnn.matmul.fp32_precision
     reply = host.run(job, sent)
     assert isinstance(reply, Reply)

@@ -254,14 +254,15 @@ def job_for(
 
 
 def _keyed_precision(graph: Graph, node: str, ctx: Context) -> Precision | None:
-    """The precision ``node``'s key names (``()``: the default), read where the graph is
-    called, as its forward read it; None where it is not keyed, or its key does not name
-    it (a torch module's declaration does)."""
+    """The precision ``node``'s key names (``()``: the default): the one its forward read as
+    it began (:attr:`~somatize.node.Context.precision`), not the one in force now, which
+    another thread may have changed since; None where it is not keyed, or its key does not
+    name it (a torch module's declaration does)."""
     if ctx.key is None and ctx.keys is None:
         return None
     if not keyed_in_precision(graph.node(node)):
         return None
-    return precision_now() or ()
+    return ctx.precision or ()
 
 
 def _in_precision(job: Job, apart: bool) -> AbstractContextManager[Any]:
@@ -867,7 +868,14 @@ class Host:
         self.same_code(node, job.fingerprint, job.name)
         inputs = [unpack(codec, data) for codec, data in zip(job.codecs, payloads, strict=True)]
         store = self.open(job.store) if job.store is not None else None
-        ctx = Context(name=job.name, key=job.key, keys=job.keys, worker=self.worker, store=store)
+        ctx = Context(
+            name=job.name,
+            key=job.key,
+            keys=job.keys,
+            worker=self.worker,
+            store=store,
+            precision=job.precision or None,
+        )
         before = held_by(node)
         # Watched from here (a torch module's settings, first watched now), so that what its
         # forward changes of what it keeps is seen after it (:meth:`_look_again`).
