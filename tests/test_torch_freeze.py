@@ -786,6 +786,18 @@ def test_a_cached_plain_node_is_keyed_by_the_precision_it_runs_in(store: Store) 
     assert g.record.outcome == {"gram": "recalled"}
 
 
+_SUMS = (
+    "from somatize import Graph, Node\n"
+    "class Sums(Node):\n"
+    "    def forward(self, x, ctx):\n"
+    "        a = torch.linspace(0, 1, x['n'] * x['n']).reshape(x['n'], x['n'])\n"
+    "        return float((a @ a).sum())\n"
+    "g = Graph.somatize(Sums().named('s').frozen().cached())\n"
+)
+"""A script's lines making ``g``, a graph of a cached node computing with torch that
+answers a float (which needs no codec of torch's), once torch is imported."""
+
+
 def test_a_plain_node_is_keyed_by_its_precision_where_only_torch_is_imported(
     tmp_path: pathlib.Path,
 ) -> None:
@@ -793,14 +805,8 @@ def test_a_plain_node_is_keyed_by_its_precision_where_only_torch_is_imported(
     with torch under bf16 autocast (a float from a coordinate, which needs no codec of
     torch's) is keyed by that precision all the same: its answer was recalled for the
     float32 call after it. The forward imports ``somatize.torch`` to read the precision."""
-    code = (
-        "import sys, torch\n"
-        "from somatize import Graph, Node\n"
-        "class Sums(Node):\n"
-        "    def forward(self, x, ctx):\n"
-        "        a = torch.linspace(0, 1, x['n'] * x['n']).reshape(x['n'], x['n'])\n"
-        "        return float((a @ a).sum())\n"
-        "g = Graph.somatize(Sums().named('s').frozen().cached())\n"
+    code = "import sys, torch\n" + _SUMS
+    code += (
         "with torch.autocast('cpu', dtype=torch.bfloat16):\n"
         "    lowered = g.forward({'n': 7}, store=sys.argv[1])\n"
         "plain = g.forward({'n': 7}, store=sys.argv[1])\n"
@@ -824,12 +830,9 @@ def test_a_forward_with_a_store_runs_where_torch_is_imported_without_numpy(
         "sys.modules['numpy'] = None  # as if it were not installed\n"
         "warnings.simplefilter('ignore')  # torch warns it found no numpy\n"
         "import torch\n"
-        "from somatize import Graph, Node\n"
-        "class Sums(Node):\n"
-        "    def forward(self, x, ctx):\n"
-        "        a = torch.linspace(0, 1, x['n'] * x['n']).reshape(x['n'], x['n'])\n"
-        "        return float((a @ a).sum())\n"
-        "g = Graph.somatize(Sums().named('s').frozen().cached())\n"
+    )
+    code += _SUMS
+    code += (
         "plain = g.forward({'n': 7}, store=sys.argv[1])\n"
         "assert g.forward({'n': 7}, store=sys.argv[1]) == plain\n"
         "assert g.record.outcome == {'s': 'recalled'}, g.record.outcome\n"
