@@ -227,9 +227,11 @@ def _check_rowwise(
         try:
             with torch.no_grad():
                 alone = module(ends[min(at, 1) : min(at, 1) + 1])
-        except (SomatizeError, torch.OutOfMemoryError):
+        except (SomatizeError, torch.cuda.OutOfMemoryError):
             # Out of memory is the device's state, not the module's way with rows: a loop
             # catching it (to run the batch again in halves) is handed it as it was raised.
+            # (`torch.OutOfMemoryError` on a torch that has it; the name under `torch.cuda`
+            # is the one every torch this library supports has.)
             raise
         except Exception as error:
             # It answered the batch, so what it cannot do is answer a row on its own.
