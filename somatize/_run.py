@@ -176,11 +176,8 @@ class _Run:
     def _read_one(self, node: str, key: str, fingerprint: str | None) -> Any:
         """The decoded answer under ``key``; ``_DAMAGED`` if it could not be used."""
         value = self._decode(node, key, self._recalled(key), fingerprint)
-        if isinstance(value, _Unused):
-            self.emit({"fact": value.fact, "node": node, "key": key, "why": value.why})
-            return _DAMAGED
-        if isinstance(value, _Recompute):
-            self.emit(self.recompute_fact(node, key, value))
+        if isinstance(value, (_Unused, _Recompute)):
+            self.emit(self.unused_fact(node, key, value))
             return _DAMAGED
         return value
 
@@ -233,11 +230,9 @@ class _Run:
                 value = self._decode(node, key, got, fingerprint)
                 if isinstance(value, (_Unused, _Recompute)):
                     if value not in said:
-                        said[value] = (
-                            {"fact": value.fact, "node": node, "key": key, "why": value.why}
-                            if isinstance(value, _Unused)
-                            else self.recompute_fact(node, whole, value)
-                        )
+                        # A drift is said of the node, as one recalled; damage of the item.
+                        told = whole if isinstance(value, _Recompute) else key
+                        said[value] = self.unused_fact(node, told, value)
                         said[value].update(items=0, of=of)
                     damaged[key] = said[value]
                     value = _DAMAGED
@@ -290,11 +285,13 @@ class _Run:
             "changed": self.changed[told],
         }
 
-    def recompute_fact(self, node: str, key: str | None, drifted: _Recompute) -> Fact:
-        """The ``drifted`` fact of an answer of ``node`` that ``strict`` computes again,
-        as it was kept by another version of the code (``drifted``): it says
-        ``recomputed``."""
-        fact = self.drift_fact(node, key, drifted.was, drifted.now)
+    def unused_fact(self, node: str, key: str | None, why: _Unused | _Recompute) -> Fact:
+        """The fact that says an answer of ``node`` read back under ``key`` is not used:
+        ``corrupt`` or ``unreadable``, saying why; or, for one ``strict`` computes again as
+        it was kept by another version of the code, ``drifted``, saying ``recomputed``."""
+        if isinstance(why, _Unused):
+            return {"fact": why.fact, "node": node, "key": key, "why": why.why}
+        fact = self.drift_fact(node, key, why.was, why.now)
         fact["recomputed"] = True
         return fact
 
