@@ -357,7 +357,7 @@ def _tag_of(self: CachedRows, named: tuple[bytes, tuple[Any, ...]]) -> int:
         number = self._tags_made
         while len(tags) >= _TAGS_HELD:
             dropped = tags.pop(next(iter(tags)))
-            for mark in [mark for mark in list(self._seeded) if mark[1] == dropped]:
+            for mark in [mark for mark in self._seeded if mark[1] == dropped]:
                 self._seeded.discard(mark)  # no keying is named so again
     tags[named] = number  # the most recently made, last
     return number
