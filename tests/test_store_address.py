@@ -3,6 +3,7 @@ never a signing key, and a store opened from it reaches the same answers."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -271,6 +272,64 @@ def test_a_store_opened_by_a_relative_path_stays_where_it_was_opened(
         key,
         key_of("after"),
     }
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["file://st", "file://./st", "local://st"],
+    ids=["file", "dotted", "local"],
+)
+def test_a_bucket_opened_by_a_relative_file_url_is_addressed_where_it_was_opened(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `file://` bucket opened by a relative path lies under the working directory it was
+    opened in, and its address says so: another process (a worker, a writer opening the
+    store by its address) opens it there from whatever directory it runs in, and reaches
+    the same answers, rather than an empty store of the same name in its own directory."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    store = Store.on_bucket(url)
+    key = key_of("kept")
+    store.keep(key, b"kept before", "plain")
+    address = store.address()
+    monkeypatch.chdir(tmp_path / "b")
+    reopened = Store.from_address(address)  # type: ignore[arg-type]
+    assert reopened.have([key]) == {key}
+    assert reopened.address() == address
+    _meet(store, reopened)
+    assert list((tmp_path / "b").iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["zip://store::file://packed.zip", "zip://store::packed.zip"])
+def test_a_store_in_an_archive_named_by_a_relative_path_is_addressed_where_it_was_opened(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store read in an archive named by a relative path (after `file://`, or bare after
+    `::`) is addressed by the archive where it was opened: opened by that address from
+    another directory, it is the same archive, not one missing there."""
+    key = key_of("kept")
+    LocalStore(tmp_path / "store").keep(key, b"kept", "plain")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    shutil.make_archive(str(tmp_path / "a" / "packed"), "zip", tmp_path, "store")
+    monkeypatch.chdir(tmp_path / "a")
+    address = Store.on_bucket(url).address()
+    monkeypatch.chdir(tmp_path / "b")
+    reopened = Store.from_address(address)  # type: ignore[arg-type]
+    assert bytes(reopened.recall(key)[1]) == b"kept"
+
+
+def test_a_file_bucket_in_the_home_of_no_user_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `file://` URL in the home of a user this system does not know is refused with
+    `BadAddress`, as the same directory given as a path is, rather than opened as a folder
+    named `~nosuchuser` under the working directory."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(BadAddress, match=r"`~nosuchuser-somatize` names no home directory"):
+        Store.on_bucket("file://~nosuchuser-somatize/features")
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize(

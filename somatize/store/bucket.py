@@ -76,7 +76,7 @@ from somatize.store.base import (
     unbacked,
     unbound,
 )
-from somatize.store.local import LocalStore
+from somatize.store.local import LocalStore, no_home
 from somatize.store.records import (
     PackIndex,
     Signer,
@@ -295,6 +295,37 @@ def _check_endpoint(url: str, storage_options: Mapping[str, Any]) -> None:
             )
 
 
+_PROTOCOL_LIKE = re.compile(r"[a-z]*")
+"""A layer of a chained URL that fsspec takes as a protocol's name (``simplecache``), not
+as a path on this machine."""
+
+
+def _anchored(url: str) -> str:
+    """``url`` with each path on this machine it names (a ``file://`` or ``local://`` layer,
+    or a bare path after ``::``, as in ``zip://::store.zip``) made absolute where fsspec
+    takes it from now, ``~`` expanded: a relative one would otherwise be taken from the
+    working directory of each process that opens the store by its address (a worker, a
+    writer), or of this one after an ``os.chdir``, and reach another folder. A home this
+    system does not know is refused, as a local store's is."""
+    from fsspec.core import split_protocol
+    from fsspec.implementations.local import make_path_posix
+    from fsspec.registry import available_protocols
+
+    layers = url.split("::")
+    for at, layer in enumerate(layers):
+        protocol, path = split_protocol(layer)
+        if protocol is None:
+            if at == 0 or _PROTOCOL_LIKE.fullmatch(layer) or layer in available_protocols():
+                continue
+        elif protocol not in ("file", "local"):
+            continue
+        anchored = make_path_posix(path)
+        if not os.path.isabs(anchored):  # `~user` of no user this system knows
+            raise no_home(url, path)
+        layers[at] = anchored if protocol is None else f"{protocol}://{anchored}"
+    return "::".join(layers)
+
+
 def _read_mark(mark: str) -> str | None:
     """What the cache mark at ``mark`` holds; None when there is none. One being written by
     another process (no line end yet) is read again until it is whole, for a moment."""
@@ -452,6 +483,8 @@ class BucketStore(BucketShelf):
                 f"{url!r} holds a NUL character, which no file or object name can: pass the "
                 "URL as it is written"
             )
+        if isinstance(url, str):
+            url = _anchored(url)
         self.url = url
         self.storage_options = storage_options
         """What the filesystem was opened with (to open the same store again)."""

@@ -87,7 +87,7 @@ from somatize.store.base import (
 )
 from somatize.store.records import Signer, decode_name, decode_record, signer_from
 
-__all__ = ["LocalStore", "Stamp", "stamp_of"]
+__all__ = ["LocalStore", "Stamp", "no_home", "stamp_of"]
 
 _MAP_ABOVE = 1 << 16
 """Blobs larger than this are read into aligned memory of their own (or, borrowed,
@@ -180,6 +180,16 @@ def _check_not_a_url(path: str | bytes) -> None:
         )
 
 
+def no_home(where: str, path: str) -> BadAddress:
+    """What opening a store at ``where`` raises when its directory, ``path``, starts in the
+    home of a user this system does not know (``~nosuchuser/x``), or no home is known."""
+    home = path.replace(os.sep, "/").split("/", 1)[0]
+    return BadAddress(
+        f"cannot open a store at {where!r}: `{home}` names no home directory this system "
+        "knows; pass the directory's full path"
+    )
+
+
 class LocalStore(LocalShelf):
     """A store in a local directory (created if missing).
 
@@ -222,11 +232,7 @@ class LocalStore(LocalShelf):
         try:
             self.root = Path(path).expanduser().absolute()
         except RuntimeError:  # ~user names no user this system knows, or no home is known
-            home = os.fspath(path).split(os.sep, 1)[0]
-            raise BadAddress(
-                f"cannot open a store at {os.fspath(path)!r}: `{home}` names no home "
-                "directory this system knows; pass the directory's full path"
-            ) from None
+            raise no_home(os.fspath(path), os.fspath(path)) from None
         # Where the path leads, `..` and links followed: the folders it names may pass
         # through another store's section on the way out, or reach into one by a link.
         real = Path(os.path.realpath(self.root))  # a link loop is left for mkdir to report
