@@ -85,7 +85,13 @@ def cache_dir() -> Path:
     Raises :class:`NativeUnavailableError` where none of these can be had."""
     configured = os.environ.get(ENV_CACHE)
     if configured:
-        return Path(configured).expanduser()
+        try:
+            return Path(configured).expanduser()
+        except RuntimeError:  # `~user` of no user this system knows, or `~` with no home
+            raise NativeUnavailableError(
+                f"{ENV_CACHE} is {configured!r}, in a home directory this system does not "
+                f"know; set {ENV_CACHE} to the directory's full path"
+            ) from None
     try:
         home = Path.home()
     except (RuntimeError, KeyError, OSError):  # no HOME, and no entry for this user

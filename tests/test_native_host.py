@@ -891,6 +891,29 @@ def test_disabled_by_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert native.host_digest(b"abc") == _ref(b"abc")
 
 
+def test_a_cache_in_a_home_this_system_does_not_know_is_said_plainly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`SOMATIZE_EXT_CACHE` in the home of a user this system does not know (or `~` in a
+    process with no home) raised a bare RuntimeError from every digest of rows: the library
+    is unavailable, said naming the variable, and rows are digested by the package; with
+    `SOMATIZE_NATIVE=1` that is raised."""
+    from somatize_torch.digest import digest_rows, digest_tensor
+
+    monkeypatch.setenv(native.ENV_CACHE, "~nosuchuser-somatize/ext")
+    monkeypatch.delenv(native.ENV_MODE, raising=False)
+    monkeypatch.setattr(native_host, "_ready", {})
+    said = r"SOMATIZE_EXT_CACHE is '~nosuchuser-somatize/ext', in a home directory"
+    with pytest.raises(native.NativeUnavailableError, match=said):
+        native.cache_dir()
+    assert native.ready_host_library() is None
+    batch = torch.randn(5, 7)
+    assert digest_rows(batch) == [digest_tensor(row) for row in batch]
+    monkeypatch.setenv(native.ENV_MODE, "1")
+    with pytest.raises(native.NativeUnavailableError, match=said):
+        native.ready_host_library()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA fallback")
 def test_without_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
     assert native.cuda_extension() is None  # auto: quiet fallback
