@@ -678,7 +678,11 @@ def _check_repeats(x: torch.Tensor, ids: list[Any]) -> None:
 
 
 def _row_bytes(rows: torch.Tensor) -> torch.Tensor:
-    """The bytes of each of ``rows`` (a fresh tensor, from indexing), one row each."""
+    """The bytes of each of ``rows`` (a fresh tensor, from indexing), one row each; of the
+    values a quantized row holds, whose own bytes some torch releases view as bytes that
+    crash the process when read."""
+    if rows.is_quantized:
+        rows = rows.dequantize()
     if rows.is_complex():
         rows = torch.view_as_real(rows)
     # Flat rows before the bytes: torch calls rows contiguous whatever the strides of their

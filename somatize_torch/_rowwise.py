@@ -112,8 +112,11 @@ def _same_answers(
 def _copies_of_one(rows: torch.Tensor) -> bool:
     """Whether every row of ``rows`` holds the bytes of the first (a sample drawn again and
     again, a batch of zeros run to warm up): compared once per keying, where rows are
-    checked. Rows whose bytes torch cannot view (a quantized batch) are taken as other
-    rows, as they were before copies were told apart."""
+    checked. Rows whose bytes torch cannot view (a quantized batch, which some torch
+    releases view as bytes that crash the process when read) are taken as other rows, as
+    they were before copies were told apart."""
+    if rows.is_quantized:
+        return False
     try:
         bits = rows.resolve_conj().resolve_neg().contiguous().view(torch.uint8)
     except RuntimeError:
@@ -192,12 +195,14 @@ def _check_answer(self: CachedRows, out: Any, rows: int) -> None:
             f"`{type(module).__name__}` returned a {out.layout} tensor: rows are kept and "
             "gathered as dense tensors. Return `out.to_dense()`"
         )
-    if self.store is not None and out.dtype not in DTYPES:
+    if out.dtype not in DTYPES:
+        # Nor can a memory tier: torch copies no rows of them into its banks.
         kept = ", ".join(sorted(str(dtype).removeprefix("torch.") for dtype in DTYPES))
         raise RowsError(
             f"`{type(module).__name__}` returned rows of {out.dtype}, which a store cannot "
-            f"keep (it keeps {kept}). Return a dtype it keeps (`torch.view_as_real` for "
-            "complex rows), or cache in memory only (store=None)"
+            f"keep, nor a memory tier hold (they keep {kept}). Return a dtype they keep "
+            "(`out.dequantize()` for quantized rows; packed ones viewed as bytes, "
+            "`out.view(torch.uint8)`), or call the module itself"
         )
 
 

@@ -49,6 +49,7 @@ from somatize_torch.rows import (
 )
 from somatize_torch.wrap import CachedInputNeedsGrad, WrapError
 from tests.decoding import NotesWidth
+from tests.forked import in_forked_child
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
 
@@ -1959,6 +1960,56 @@ def test_an_output_that_is_not_one_row_per_input_row_is_refused(store: Store) ->
         cache_rows(Sparse())(torch.randn(2, 3))
 
 
+@pytest.mark.parametrize("dtype", [torch.qint8, torch.uint4])
+def test_rows_of_a_dtype_no_tier_holds_are_refused_without_a_store(dtype: torch.dtype) -> None:
+    """A module answering rows no memory tier can hold (quantized, sub-byte) is refused
+    with what to do on a cache without a store too, as on one with a store, rather than
+    failing inside torch as its rows are copied into a tier; nothing is kept."""
+    cached = cache_rows(Quantized() if dtype == torch.qint8 else AsBytesOf(dtype))
+    with pytest.raises(RowsError, match=rf"rows of {dtype}, which a store cannot keep, nor"):
+        cached(torch.randn(2, 4))
+    assert cached.tiers[0].rows == 0 and cached.stats.rows == 0
+
+
+class Dequantizing(_CentredInPlace):
+    """Projects a quantized batch (inputs kept quantized to take less memory)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x.dequantize())
+        return out
+
+
+def _quantized_rows_by_index() -> list[bool]:
+    """In a child: a quantized batch, keyed by index, answered by a cache as by its module,
+    computed, recalled, and with an index repeated; the repeat of a row of other values
+    under one index refused."""
+    module = Dequantizing()
+    cached = cache_rows(module, key="index", version="quantized@1")
+    x = torch.quantize_per_tensor(torch.randn(4, 4), 0.1, 0, torch.qint8)
+    twice = torch.tensor([0, 1, 0])
+    with torch.no_grad():
+        answers = [module(x), module(x), module(x[twice])]
+    got = [
+        cached(x, index=torch.arange(4)),
+        cached(x, index=torch.arange(4)),
+        cached(x[twice], index=twice),
+    ]
+    same = [torch.equal(a, b) for a, b in zip(got, answers, strict=True)]
+    try:
+        cached(x[[0, 1, 2]], index=twice)
+    except NeedsIndex:
+        same.append(True)
+    return [*same, cached.stats.computed == 4]
+
+
+def test_a_quantized_batch_keyed_by_index_is_answered_not_a_crash() -> None:
+    """A quantized batch, keyed by index (which reads no input to key it), runs through
+    the module as without the cache: the checks that look at its rows' bytes (copies of
+    one row, one index naming two inputs) read its values, never bytes torch views it as
+    that crash the process when read."""
+    assert in_forked_child(_quantized_rows_by_index) == [True] * 5
+
+
 def test_rows_cached_inside_vmap_are_refused_saying_so(store: Store) -> None:
     """`torch.func.vmap` hands a row cache a batched tensor of its own, with no memory to
     key its rows by: refused, saying what to do, and the batch outside it is cached."""
@@ -2182,6 +2233,17 @@ def test_a_batch_part_recalled_part_computed_of_conjugate_views_is_put_together(
 class Quantized(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.quantize_per_tensor(x, 0.1, 0, torch.qint8)
+
+
+class AsBytesOf(nn.Module):
+    """Answers each row as bytes viewed as ``dtype`` (a packed one, ``torch.uint4``)."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x > 0).to(torch.uint8).view(self.dtype)
 
 
 class Boxes(torch.Tensor):
