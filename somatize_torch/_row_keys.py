@@ -622,6 +622,8 @@ def _row_ids(
         )
     if (
         not isinstance(index, torch.Tensor)
+        or index.is_meta  # no indices to read; sparse ones are read as no dense tensor is
+        or index.layout != torch.strided
         or index.dim() != 1
         or index.is_floating_point()
         or index.is_complex()

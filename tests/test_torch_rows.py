@@ -1605,6 +1605,19 @@ def test_index_keys_need_indices_and_a_version() -> None:
         cache_rows(encoder(), key="rows")  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("where", ["meta", "sparse"])
+def test_indices_that_hold_no_values_to_read_are_refused_saying_so(where: str) -> None:
+    """Indices on the meta device (which hold none) or sparse ones (which are read as no
+    dense tensor is) are refused as indices, saying what they are, not with torch's error
+    from reading them."""
+    cached = cache_rows(encoder(), key="index", version="sms/train@1")
+    index = torch.arange(4, device="meta") if where == "meta" else torch.arange(4).to_sparse()
+    said = "on the meta device" if where == "meta" else "sparse_coo"
+    with pytest.raises(NeedsIndex, match=rf"1-d integer tensor .* got .*{said}"):
+        cached(images(4), index=index)
+    assert cached.stats.rows == 0
+
+
 def test_how_rows_are_keyed_is_fixed_when_the_cache_is_made(store: Store) -> None:
     """A salt or a key mode written after rows were keyed would be ignored by the keyings
     made already (a salt never changed a row's key) or would mix the keys (rows keyed by
