@@ -39,8 +39,11 @@ traces a model, :func:`recording`:
   the stand-in can whatever it stands for; and asking something of the text the
   model's code made of a value fx stands in for (``"float32" in str(x.dtype)``), which
   is the stand-in's name, not the value's (printing it, or putting it in a message, is
-  let be). torch's own code that reads the modes as it is traced
-  (``torch.utils.checkpoint``) keeps nothing it read in the code, and is let be.
+  let be); and an autograd Function applied to a value fx stands in for
+  (``GradReverse.apply(h)``, a reentrant ``torch.utils.checkpoint``), whose ``forward``
+  fx records and whose ``backward`` it drops. torch's own code that reads the modes as it
+  is traced (the non-reentrant ``torch.utils.checkpoint``, traced as a plain call of the
+  block) keeps nothing it read in the code, and is let be.
 
 Not seen: a function of ``random`` imported by name into another module (a helper the
 forward calls) or kept elsewhere than on a part of the model (in a list, a closure), and
@@ -957,6 +960,50 @@ def _flag(name: str) -> Callable[..., Any]:
     return flag
 
 
+def _applied(recorder: _Recorder, original: Callable[..., Any], *args: Any) -> Any:
+    """Marks ``torch.autograd.Function.apply`` in :func:`_replacements`: replaced by
+    :func:`_applying`, as a class method."""
+    return original(*args)
+
+
+def _applying(original: Any) -> classmethod[Any, ..., Any]:
+    """``torch.autograd.Function.apply`` (``original``, bound) replaced: a Function applied
+    to a value fx stands in for is refused. fx runs its ``forward`` on the stand-ins and
+    records what it does, and keeps nothing of its ``backward``: the wrapped model would
+    train by the gradient of what the forward computes, not the Function's (a reversed or
+    straight-through one), and a reentrant ``torch.utils.checkpoint``, which runs its
+    block without gradients in its forward, would train neither the block nor what
+    feeds it."""
+    apply = original.__func__
+
+    @functools.wraps(apply)
+    def replaced(cls: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder: _Recorder | None = getattr(_here, "recorder", None)
+        if recorder is None or not any(isinstance(a, fx.Proxy) for a in (*args, *kwargs.values())):
+            return apply(cls, *args, **kwargs)
+        if cls.__module__ == _CHECKPOINTING:
+            raise Fixed(
+                "runs a reentrant `torch.utils.checkpoint` (`use_reentrant=True`), an "
+                "autograd Function whose forward runs the block without gradients: fx "
+                "records what that forward does and keeps none of the Function's backward, "
+                "so the wrapped model would train neither the block nor what feeds it. "
+                "Checkpoint with `use_reentrant=False`, which fx traces as a plain call of "
+                "the block (its activations kept, not recomputed)"
+            )
+        raise Fixed(
+            f"applies `{cls.__qualname__}.apply`, a `torch.autograd.Function`: fx records "
+            "what its forward does and keeps none of its backward, so the wrapped model "
+            "would train by the gradient of what the forward computes, not the one the "
+            "Function hands back"
+        )
+
+    return classmethod(replaced)
+
+
+_CHECKPOINTING = torch.utils.checkpoint.__name__
+"""Where torch's reentrant checkpoint is written, an autograd Function."""
+
+
 def _set_prop(
     recorder: _Recorder, original: Callable[..., Any], prop: Any, owner: Any, value: Any
 ) -> None:
@@ -1075,6 +1122,7 @@ def _replacements(model: torch.nn.Module) -> list[tuple[Any, str, Callable[..., 
         (fx.Proxy, "__repr__", _as_text),
         (fx.proxy.ParameterProxy, "__repr__", _as_text),
         (fx.Proxy, "__hash__", _hashed),
+        (torch.autograd.Function, "apply", _applied),
         (torch._C, "_set_grad_enabled", _switch_grad),
         (torch, "is_grad_enabled", _read_grad),
         (torch, "get_default_dtype", _read_dtype),
@@ -1237,6 +1285,8 @@ def _replaced(original: Any, instead: Callable[..., Any]) -> Any:
         return _asking_attribute(original)
     if instead is _callable_asked:
         return _asking_callable(original)
+    if instead is _applied:
+        return _applying(original)
 
     @functools.wraps(original)
     def replaced(*args: Any, **kwargs: Any) -> Any:

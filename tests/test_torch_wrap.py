@@ -8395,6 +8395,38 @@ class DrawsTorch(OnTempered):
         return self.middle(h)
 
 
+class Reversed(torch.autograd.Function):
+    """Hands the gradient back negated (a gradient reversal layer)."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor) -> torch.Tensor:
+        return h.view_as(h)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return -grad
+
+
+class ReversesGradient(OnTempered):
+    """Trains what comes before its middle layer against it, through an autograd Function
+    of its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.middle = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.middle(Reversed.apply(self.encoder(x)))
+
+
+class ChecksPointsReentrant(Checkpoints):
+    """Runs its trainable block through the reentrant `torch.utils.checkpoint`, an autograd
+    Function whose forward runs the block without gradients."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.block, self.encoder(x), use_reentrant=True)
+
+
 @pytest.mark.parametrize(
     ("model", "refused"),
     [
@@ -8424,6 +8456,8 @@ class DrawsTorch(OnTempered):
         ),
         (PicksKernel, r"\(`with sdpa_kernel.*switches a flag of torch's backends"),
         (TurnsCudnnOff, r"\(`with torch\.backends\.cudnn\.flags.*_set_cudnn_enabled"),
+        (ReversesGradient, r"\(`return self\.middle\(Reversed\.apply.*`Reversed\.apply`"),
+        (ChecksPointsReentrant, r"\(`return checkpoint\(self\.block.*use_reentrant=False"),
     ],
     ids=[
         "grad-mode",
@@ -8440,15 +8474,18 @@ class DrawsTorch(OnTempered):
         "numpy-state",
         "sdpa-kernel",
         "backend-flags",
+        "autograd-function",
+        "reentrant-checkpoint",
     ],
 )
 def test_a_forward_that_reads_what_fx_would_fix_is_refused(
     model: type[nn.Module], refused: str
 ) -> None:
-    """A forward that reads grad mode, autocast or a random number while it is traced, or
-    switches a flag of torch's backends, is refused, naming what it did and where: fx would
-    keep the value it read then, and the wrapped model would take one branch in every call,
-    or drop the switch."""
+    """A forward that reads grad mode, autocast or a random number while it is traced,
+    switches a flag of torch's backends, or calls an autograd Function (a reentrant
+    checkpoint is one), is refused, naming what it did and where: fx would keep the value it
+    read then, and the wrapped model would take one branch in every call, drop the switch,
+    or compute the Function's gradient as that of its forward."""
     with pytest.raises(smt.Untraceable, match=rf"(?s){refused}.*wrap just the submodule"):
         smt.wrap(model().train(), frozen=["encoder"])
 
