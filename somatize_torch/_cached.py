@@ -68,6 +68,7 @@ from somatize_torch.digest import DTYPES, digest_tensor, plain
 from somatize_torch.freeze import (
     ModuleNode,
     check_still,
+    drew_as_it_ran,
     drew_at_random,
     few,
     generator_states,
@@ -221,6 +222,7 @@ class _Watched:
         self.name = name
         self.call = call
         self.module = module
+        self.node: ModuleNode | None = None  # the node running it, once made
 
     def __call__(self, *args: torch.Tensor | None) -> Any:
         # An inference tensor keeps no version counter: its content is weighed instead,
@@ -241,7 +243,8 @@ class _Watched:
                 "fills as it first runs can be made anew, `self.table = ...`, rather than "
                 "written into), or drop it from `cached=`"
             )
-        if generator_states(self.module, args) != generators:
+        still = self.node.kept_as_keyed if self.node is not None else lambda: False
+        if drew_as_it_ran(self.module, args, generators, lambda: self.call(*args), still):
             raise WrapError(
                 drew_at_random(
                     f"`{self.name}` is cached", "its answer", "the submodule from `cached=`"

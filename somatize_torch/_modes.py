@@ -1033,10 +1033,15 @@ _FLAGS = (
 ``torch.backends`` and ``sdpa_kernel`` call, looked up as they call it."""
 
 
-class _Draws(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Refuses, in the thread that traces, an operation of torch's that draws at random:
-    one fx runs as it traces (no traced tensor goes into it, so none comes out of it),
-    whose result it keeps as a constant. A draw for a traced tensor never gets here."""
+class DrawsSeen(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """Notes (:attr:`drew`) an operation of torch's that draws at random (one torch tags
+    ``nondeterministic_seeded``: ``randn_like``, a dropout's ``bernoulli_``) run in the
+    thread it is entered in, and in that thread only: torch's generators are the
+    process's, and another thread's draw moves them as this one's does."""
+
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.drew = False
 
     def __torch_dispatch__(
         self,
@@ -1046,14 +1051,27 @@ class _Draws(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         if torch.Tag.nondeterministic_seeded in func.tags:
-            raise Fixed(
-                f"draws from torch's random number generator (`{func}`) for no traced tensor "
-                "(`torch.rand([])`, a tensor made with numbers for its size): fx runs the "
-                "call once, while tracing, and keeps what it drew as a constant, so the "
-                "wrapped model would use that in every call. Draw for a tensor it is handed "
-                "(`torch.rand_like(x)`, `torch.rand(x.shape)`), which fx records"
-            )
+            self.drawn(func)
         return func(*args, **(kwargs or {}))
+
+    def drawn(self, func: Any) -> None:
+        """Told of ``func``, an operation that draws, as it is run."""
+        self.drew = True
+
+
+class _Draws(DrawsSeen):  # type: ignore[no-untyped-call]
+    """Refuses, in the thread that traces, an operation of torch's that draws at random:
+    one fx runs as it traces (no traced tensor goes into it, so none comes out of it),
+    whose result it keeps as a constant. A draw for a traced tensor never gets here."""
+
+    def drawn(self, func: Any) -> None:
+        raise Fixed(
+            f"draws from torch's random number generator (`{func}`) for no traced tensor "
+            "(`torch.rand([])`, a tensor made with numbers for its size): fx runs the "
+            "call once, while tracing, and keeps what it drew as a constant, so the "
+            "wrapped model would use that in every call. Draw for a tensor it is handed "
+            "(`torch.rand_like(x)`, `torch.rand(x.shape)`), which fx records"
+        )
 
 
 def _autocast_made(
@@ -1377,7 +1395,7 @@ def recording(tracer: fx.Tracer, model: torch.nn.Module) -> Iterator[None]:
                 replaced.append((owner, name, owner.__dict__.get(name, _ABSENT)))
                 setattr(owner, name, _replaced(getattr(owner, name), instead))
             _here.recorder = _Recorder(tracer)
-            with _Draws():  # type: ignore[no-untyped-call]
+            with _Draws():
                 yield
         finally:
             _here.recorder = outer

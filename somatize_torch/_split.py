@@ -1709,12 +1709,10 @@ def _shim(
     declaration and state, and by this call, and runs it on a miss."""
     if base is not None and cached is None:
         return _Declared(base.node, inner)
-    node = ModuleNode(
-        module,
-        spread=True,
-        call=inner if cached is None else _Watched(name, inner, module),
-        declared=described,
-    )
+    watched = None if cached is None else _Watched(name, inner, module)
+    node = ModuleNode(module, spread=True, call=watched or inner, declared=described)
+    if watched is not None:
+        watched.node = node
     node._keys_precision = False  # each cached call keys the precision it runs in
     node.named(name)
     if frozen:

@@ -61,6 +61,7 @@ from somatize.canonical import NotCanonical
 from somatize.catalog import identity_of, nameless_because
 from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.node import attributes_of, restates, sees_state
+from somatize_torch._modes import DrawsSeen
 from somatize_torch._precision import Named, entered, precision_on, settings
 from somatize_torch._settings import SettingsWatch, _configs_in, hooks_of, settings_of, stood_for
 from somatize_torch._state import (
@@ -901,7 +902,9 @@ class ModuleNode(Node):
             out = self.call(*x) if spread else self.call(x)
         # Weights or buffers the forward wrote into (a running sum added into a buffer).
         here.state_moved = still and state is not None and state.changed()
-        if drawn and generator_states(self.module, x) != generators:
+        if generators is not None and drew_as_it_ran(
+            self.module, x, generators, lambda: self._call_again(x, spread, ctx), self.kept_as_keyed
+        ):
             raise FreezeError(
                 drew_at_random(
                     f"{self!r} is frozen",
@@ -911,6 +914,23 @@ class ModuleNode(Node):
                 )
             )
         return out
+
+    def kept_as_keyed(self) -> bool:
+        """Whether the module keeps what this thread's call was keyed by — its weights and
+        buffers, and what it keeps beside them — as the forward that just ran left it: a
+        call that changed none of it (a cache of keys it appends to, a count of its calls)
+        may be run again, for what it draws. No where the call was keyed by nothing (a
+        local worker's thread)."""
+        keyed = getattr(self._here(), "keyed", None)
+        if keyed is None:
+            return False
+        state, (watch, _) = keyed
+        return not (state is None or state.changed() or watch is None or watch.changed())
+
+    def _call_again(self, x: Any, spread: bool, ctx: Any) -> None:
+        """Runs the call once more, as :meth:`forward` ran it, for what it draws."""
+        with self._keyed_autocast(ctx):
+            self.call(*x) if spread else self.call(x)
 
     def _keyed_autocast(self, ctx: Any) -> contextlib.AbstractContextManager[Any]:
         """Where the node names the precision it runs in, is frozen (its declaration then
@@ -1062,6 +1082,36 @@ def generator_states(module: nn.Module, args: Any) -> list[bytes]:
     for device in sorted({t.device for t in tensors if t.is_cuda}, key=str):
         states.append(torch.cuda.get_rng_state(device).numpy().tobytes())
     return states
+
+
+def drew_as_it_ran(
+    module: nn.Module,
+    args: Any,
+    generators: list[bytes],
+    again: Callable[[], object],
+    still: Callable[[], bool],
+) -> bool:
+    """Whether a call of ``module`` on ``args`` drew from torch's generator as it ran:
+    the states of the generators it may draw from moved since ``generators``
+    (:func:`generator_states`, taken before it ran), and ``again`` (the call run again, on
+    one row where it is handed rows) draws in this thread. Those generators are the
+    process's: another thread drawing meanwhile (a loader fetching ahead that draws a
+    crop, another model sampling) moves them as the module's own draw does, and only a
+    draw of the call's own thread is the module's. A call that changed what the module
+    keeps (``still`` says no: a cache of keys it appends to), which running it again
+    would change once more, or one that cannot be run again so (it raises), is taken to
+    have drawn: its draw cannot be told apart from another thread's."""
+    if generator_states(module, args) == generators:
+        return False
+    if not still():
+        return True
+    seen = DrawsSeen()
+    try:
+        with seen, torch.no_grad():
+            again()
+    except Exception:
+        return True
+    return seen.drew
 
 
 # What torch keeps on every module (its parameters, buffers, submodules, hooks): none of

@@ -985,12 +985,10 @@ def _whole(
     """The model itself as one declared node; nothing is traced."""
     name = _snake(type(model).__name__)
     cached = "" in cached_names
-    node = ModuleNode(
-        model,
-        spread=True,
-        call=_Watched(name, model, model) if cached else None,
-        declared={"args": "<inputs>"},
-    )
+    watched = _Watched(name, model, model) if cached else None
+    node = ModuleNode(model, spread=True, call=watched, declared={"args": "<inputs>"})
+    if watched is not None:
+        watched.node = node
     node._keys_precision = False  # each cached call keys the precision it runs in
     node.named(name)
     if "" in frozen_names:

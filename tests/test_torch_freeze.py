@@ -43,6 +43,7 @@ from somatize._precision import precision_now
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
 from tests.decoding import Decoder, NotesWidth, steps_alike
+from tests.drawing import CountedBeside, DrawnBeside
 from tests.global_modules import CHANGES, normed_cell, scaled
 from tests.nodes import matmul_in_tf32
 
@@ -215,6 +216,35 @@ def test_a_cached_module_that_draws_at_random_is_refused(
     for _ in range(2):  # nothing was kept: refused again, not recalled
         with pytest.raises(smt.FreezeError, match="drew from torch's random number generator"):
             g.forward(x, store=store)
+
+
+def test_a_cached_module_run_while_another_thread_draws_is_kept_and_recalled(
+    store: Store,
+) -> None:
+    """A cached module that draws nothing, run while another thread draws from torch's
+    generator (another model sampling), is not taken to draw: its answer is kept, and
+    recalled."""
+    g = Graph.somatize(smt.ModuleNode(DrawnBeside()).named("beside").frozen().cached())
+    smt.freeze(g)
+    x = Opaque(torch.randn(5, 4))
+    first = g.forward(x, store=store)
+    assert g.record is not None and g.record.outcome == {"beside": "ran"}
+    assert torch.equal(g.forward(x, store=store), first)
+    assert g.record is not None and g.record.outcome == {"beside": "recalled"}
+
+
+def test_a_module_that_changes_what_it_keeps_as_another_thread_draws_runs_once(
+    store: Store,
+) -> None:
+    """A cached module that changes what it keeps as it runs (a count of its calls), run
+    while another thread draws, is not run again to see whether the draw is its own:
+    that would change what it keeps twice. Its draw is taken as its own."""
+    module = CountedBeside()
+    g = Graph.somatize(smt.ModuleNode(module).named("beside").frozen().cached())
+    smt.freeze(g)
+    with pytest.raises(smt.FreezeError, match="drew from torch's random number generator"):
+        g.forward(Opaque(torch.randn(5, 4)), store=store)
+    assert module.calls == 1
 
 
 def test_a_frozen_module_that_draws_at_random_above_a_cached_one_is_refused(

@@ -54,6 +54,7 @@ from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
 from tests.decoding import Decoder, NotesWidthThenHead, steps_alike
+from tests.drawing import DrawnBeside
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
 M = TypeVar("M", bound=nn.Module)
@@ -10114,6 +10115,20 @@ def test_a_cached_module_that_draws_at_random_is_refused(
         with pytest.raises(smt.WrapError, match="drew from torch's random number generator"):
             wrapped(x)
     assert "recalled" not in wrapped.counts.get("encoder", {})
+
+
+def test_a_cached_module_run_while_another_thread_draws_is_kept_and_recalled(
+    store: Store,
+) -> None:
+    """A cached module that draws nothing, run while another thread draws from torch's
+    generator (another model sampling), is not taken to draw: its answer is kept, and
+    recalled."""
+    wrapped = smt.wrap(NoisyProbe(DrawnBeside), frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    first = wrapped(x)
+    assert torch.equal(wrapped(x), first)
+    assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1}
 
 
 @dataclasses.dataclass
