@@ -13,6 +13,7 @@ rounding allows (:func:`_rounding`, :func:`_difference`), not for equality.
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 from collections.abc import Hashable, Sequence
@@ -28,7 +29,7 @@ from somatize_torch._row_keys import _floating_dtypes, _Keying, code_moved, give
 from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import DTYPES
-from somatize_torch.freeze import check_still
+from somatize_torch.freeze import check_still, drew_as_it_ran, drew_at_random, generator_states
 
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
@@ -58,9 +59,24 @@ def _compute(
     # Taken before the forward, which may write into its input.
     ends = sub[:: len(positions) - 1].clone() if not keying.rowwise and len(positions) > 1 else None
     alike = ends is not None and _copies_of_one(sub)
+    generators = generator_states(module, sub)
     with torch.no_grad():
         out: torch.Tensor = module(sub)
     _check_answer(self, out, len(positions))
+    # A draw from torch's generator (a VAE's encoder sampling its latents) would be
+    # recalled: a row run alone, or one whose draw moves it less than rounding allows, is
+    # not told apart by the check below. Rows not computed as they were keyed (a part put
+    # in train mode meanwhile, a count the module keeps moved) are kept nowhere: computed
+    # again or answered once (`_run`, `_recall_or_run`), whatever they drew.
+    keyed = functools.partial(_still_keyed, self, watch)
+    if drew_as_it_ran(module, sub, generators, lambda: module(sub[:1].clone()), keyed) and keyed():
+        raise RowsError(
+            drew_at_random(
+                f"`{type(module).__name__}` is cached per row",
+                "each row's answer",
+                "the cache and call the module itself (`cached.module`)",
+            )
+        )
     if ends is not None:
         # A copy of the answer, taken before the module runs again: one that writes
         # into a buffer it keeps and answers with a view of it (a CUDA graph, a

@@ -49,6 +49,7 @@ from somatize_torch.rows import (
 )
 from somatize_torch.wrap import CachedInputNeedsGrad, WrapError
 from tests.decoding import NotesWidth
+from tests.drawing import DrawnBeside
 from tests.forked import in_forked_child
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
@@ -3138,6 +3139,48 @@ def test_a_module_whose_rows_come_back_as_long_as_their_batchs_longest_is_refuse
     index = {"index": torch.arange(1, 2)} if key == "index" else {}
     with pytest.raises(NotRowwise, match=r"rows of \[6, 4\].*and of \[4, 4\]"):
         cached(again, **index)
+    cached.close()
+
+
+class Sampling(nn.Module):
+    """Answers a latent sampled around a mean, as a VAE's encoder does: each call draws."""
+
+    def __init__(self, spread: float) -> None:
+        super().__init__()
+        self.mean = nn.Linear(4, 3)
+        self.spread = spread
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean = self.mean(x)
+        return mean + self.spread * torch.randn_like(mean)
+
+
+@pytest.mark.parametrize(("rows", "spread"), [(1, 1.0), (4, 1e-6)])
+def test_a_module_that_draws_at_random_is_refused(store: Store, rows: int, spread: float) -> None:
+    """A module that draws from torch's generator as it runs is refused before a row is
+    kept, where the check of rows run alone tells nothing: a batch of one row, which it
+    does not run again, or a draw that moves a row less than rounding allows. A recall
+    would repeat the one draw, where a call draws anew."""
+    cached = cache_rows(Sampling(spread), store)
+    x = torch.randn(rows, 4)
+    for _ in range(2):  # nothing was kept: refused again, not recalled
+        with pytest.raises(RowsError, match="drew from torch's random number generator"):
+            cached(x)
+    assert cached.tiers[0].rows == 0
+    cached.close()
+
+
+def test_a_module_run_while_another_thread_draws_is_cached(store: Store) -> None:
+    """A module that draws nothing, run while another thread draws from torch's generator
+    (a loader fetching ahead that draws a crop), is not taken to draw: its rows are kept
+    and recalled."""
+    module = DrawnBeside()
+    cached = cache_rows(module, store)
+    x = torch.randn(4, 4)
+    first = cached(x)
+    assert torch.equal(cached(x), first)
+    assert torch.allclose(first, expected(module, x), atol=1e-6)
+    assert cached.reset_stats().computed == 4
     cached.close()
 
 
