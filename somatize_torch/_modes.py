@@ -185,6 +185,12 @@ def marked_as_needed(marked: Callable[..., Any]) -> Callable[..., Any]:
     torch.compile would then compile on its own, once for each function marked.)"""
     if torch.compiler.is_compiling() or _COMPILER in sys.modules:
         return marked
+    return unmarked(marked)
+
+
+def unmarked(marked: Callable[..., Any]) -> Callable[..., Any]:
+    """The function :func:`outside_compiled` ``marked``, as it is: for a call that torch
+    traces as Python (``torch.export``), which cannot call the mark."""
     plain: Callable[..., Any] = marked.__wrapped__  # type: ignore[attr-defined]
     return plain
 

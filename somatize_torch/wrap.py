@@ -108,7 +108,13 @@ from somatize_torch._errors import (
     WrapError,
     exporting,
 )
-from somatize_torch._modes import load_compiler, marked_as_needed, outside_compiled, unwinding
+from somatize_torch._modes import (
+    load_compiler,
+    marked_as_needed,
+    outside_compiled,
+    unmarked,
+    unwinding,
+)
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
 from somatize_torch._settings import any_global_hooks, global_hooks, stand_in_call
 from somatize_torch._split import identical_at
@@ -467,6 +473,8 @@ class _WrappedWhole(Wrapped):
             (name,) = self.graph.nodes()
             if self.graph.memory.is_cached(name):
                 raise traced(name, EXPORT)
+            # Nothing is kept, so nothing can go stale: the model is exported as it runs.
+            return unmarked(stand_in_call)(self, args, kwargs, WrapError)
         return marked_as_needed(stand_in_call)(self, args, kwargs, WrapError)
 
     def _look_at_ties(self) -> None:

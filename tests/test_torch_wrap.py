@@ -1759,6 +1759,27 @@ def test_a_cached_module_exported_by_torch_export_is_refused(store: Store, decla
         assert torch.equal(wrapped(other), model(other))
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+@pytest.mark.parametrize("declared", ["whole", "part"])
+def test_a_wrapped_model_that_keeps_nothing_is_exported_as_the_plain_model(
+    declared: str, strict: bool
+) -> None:
+    """A model declared frozen and cached nowhere keeps no answer that could go stale, so
+    `torch.export.export` of it gives the plain model's program: the model frozen whole
+    failed with torch's own "Non-recursive torch.compiler.disable is not supported with
+    torch.export" (or, strict, an `Unsupported` call of a function marked as skipped)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 2))
+    wrapped = smt.wrap(model, frozen=True if declared == "whole" else ["0"])
+    smt.freeze(wrapped)
+    x = torch.randn(4, 6)
+    exported = torch.export.export(wrapped, (x,), strict=strict).module()
+    other = torch.randn(4, 6)
+    with torch.no_grad():
+        assert torch.equal(exported(other), model(other))
+        assert torch.equal(wrapped(other), model(other))
+
+
 @pytest.mark.parametrize(
     "transformed",
     [
