@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch._guards import TracingContext
 from torch.autograd import forward_ad
 
 from somatize.errors import SomatizeError
@@ -111,10 +112,27 @@ def jit_tracing() -> bool:
 
 
 def exporting() -> bool:
-    """Whether ``torch.export`` is tracing what runs, strict or not (:func:`traced_by`):
-    asked before any function kept out of compiled code is called, which export cannot
-    call (or trace into). A torch before 2.6 has no such question, and says no."""
-    return _is_exporting()
+    """Whether ``torch.export`` is tracing what runs on this thread, strict or not
+    (:func:`traced_by`): asked before any function kept out of compiled code is called,
+    which export cannot call (or trace into). A torch before 2.6 has no such question, and
+    says no.
+
+    torch's own question is the process's (a flag an export sets for its whole run), so
+    an eager call on another thread meanwhile would be taken for one export traces. What
+    export traces runs on its thread under a tracing context, which torch holds per
+    thread: a non-strict export runs the code there; torch's compiler, tracing a strict
+    one, answers ``is_dynamo_compiling()`` as True, so the context is not asked of it.
+    (torch's compiler answers torch's question as the process's flag stands: a call it
+    compiles on another thread meanwhile is still taken for one export traces.)"""
+    return _is_exporting() and (
+        torch.compiler.is_dynamo_compiling() or TracingContext.try_get() is not None
+    )
+
+
+def exporting_elsewhere() -> bool:
+    """Whether ``torch.export`` traces on another thread, and not on this one
+    (:func:`exporting`): what torch marks as never compiled refuses every call meanwhile."""
+    return _is_exporting() and not exporting()
 
 
 _is_exporting: Callable[[], bool] = getattr(torch.compiler, "is_exporting", lambda: False)

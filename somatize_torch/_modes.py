@@ -82,6 +82,7 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from somatize._threads import start_thread
+from somatize_torch._errors import exporting_elsewhere
 from somatize_torch._text_flow import TEXT_METHODS, asked_at, kept_per_argument_at
 
 __all__ = [
@@ -182,10 +183,28 @@ def marked_as_needed(marked: Callable[..., Any]) -> Callable[..., Any]:
     torch.compile reads ``is_compiling()`` as True, asks nothing more, and meets the
     mark where it met it before, one graph break in the code it compiles anyway. (Called
     inside a function of its own, the mark would break that function's code, which
-    torch.compile would then compile on its own, once for each function marked.)"""
-    if torch.compiler.is_compiling() or _COMPILER in sys.modules:
+    torch.compile would then compile on its own, once for each function marked.) While
+    another thread exports, the function as it is where nothing compiles on this thread
+    (:func:`_uncompiled_here`)."""
+    if (torch.compiler.is_compiling() or _COMPILER in sys.modules) and not _uncompiled_here():
         return marked
     return unmarked(marked)
+
+
+def _uncompiled_here() -> bool:
+    """Whether the mark is to be left off where torch's compiler is loaded: while another
+    thread exports, torch's mark refuses any call ("Non-recursive torch.compiler.disable is
+    not supported with torch.export", asked of the process), and on this one, where nothing
+    compiles the frames it runs (no callback of the compiler's, which torch holds per
+    thread), the function as it is runs as the mark would have it run."""
+    return exporting_elsewhere() and _frame_callback() is None
+
+
+_frame_callback: Callable[[], Any] = getattr(
+    torch._C._dynamo.eval_frame, "get_eval_frame_callback", lambda: "unknown"
+)
+"""The callback torch's compiler runs on each frame this thread enters, None where none
+is set; a torch that cannot say is taken to have one set."""
 
 
 def unmarked(marked: Callable[..., Any]) -> Callable[..., Any]:

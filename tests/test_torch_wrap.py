@@ -1759,6 +1759,62 @@ def test_a_cached_module_exported_by_torch_export_is_refused(store: Store, decla
         assert torch.equal(wrapped(other), model(other))
 
 
+class _ExportWaits(nn.Module):
+    """Exported, waits inside the export until told to go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside, self.go_on = threading.Event(), threading.Event()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.inside.set()
+        self.go_on.wait(30)
+        return x + 1
+
+
+@pytest.mark.parametrize("declared", ["whole", "part", "rows"])
+def test_a_cached_call_on_another_thread_than_an_export_is_not_refused(
+    store: Store, declared: str
+) -> None:
+    """torch says it is exporting to every thread while one exports: an eager cached call
+    on another thread meanwhile was refused as if export traced it, or failed with torch's
+    own "Non-recursive torch.compiler.disable is not supported with torch.export". It is
+    computed and then recalled, and the export goes on."""
+    torch.manual_seed(0)
+    cached: nn.Module
+    if declared == "rows":
+        cached = smt.cache_rows(nn.Linear(6, 6), store)
+    else:
+        names: Any = True if declared == "whole" else ["0"]
+        model = nn.Sequential(nn.Linear(6, 6), nn.Tanh())
+        cached = smt.wrap(model, frozen=names, cached=names, store=store)
+        smt.freeze(cached)
+    waits = _ExportWaits()
+    failed: list[BaseException] = []
+
+    def export() -> None:
+        try:
+            torch.export.export(waits, (torch.randn(2, 3),), strict=False)
+        except BaseException as error:
+            failed.append(error)
+
+    exporting = threading.Thread(target=export)
+    exporting.start()
+    try:
+        assert waits.inside.wait(30)
+        x = torch.randn(4, 6)
+        with torch.no_grad():
+            computed, recalled = cached(x), cached(x)
+    finally:
+        waits.go_on.set()
+        exporting.join()
+    assert not failed
+    assert torch.equal(computed, recalled)
+    if declared != "rows":
+        assert isinstance(cached, smt.Wrapped)
+        assert list(cached.counts.values()) == [{"ran": 1, "kept": 1, "recalled": 1}]
+
+
 @pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
 @pytest.mark.parametrize("declared", ["whole", "part"])
 def test_a_wrapped_model_that_keeps_nothing_is_exported_as_the_plain_model(
