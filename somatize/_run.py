@@ -107,7 +107,8 @@ class _Run:
         as it ran here (:meth:`~somatize.node.Node.changed_as_it_ran`)."""
         self.loaded: dict[str, Any] = {}
         self.drift: dict[str, tuple[str | None, str]] = {}
-        """Node → the code fingerprints (kept with, now) of its drifted answers read back."""
+        """Node → the code fingerprints (kept with, now) of the first of its drifted answers
+        read back: a mapped node's items may have been kept by several older versions."""
         self.changed: dict[tuple[str, str | None], list[str] | None] = {}
         """(node, fingerprint kept with) → :func:`~somatize.plan.changed_code`, worked out
         once per forward."""
@@ -207,15 +208,16 @@ class _Run:
         each computed is.
 
         The items that cannot be used for one reason (the blob of their pack found damaged,
-        their codec not registered, kept by another version of the code with ``strict``)
-        are said in one fact, whose ``items`` says how many (and ``of``, of how many
-        handed): a damaged pack of 100,000 items is one ``corrupt`` fact, not 100,000, and
-        100,000 items drifted one ``drifted`` fact, keyed ``whole`` as a node's drift
-        recalled is."""
+        their codec not registered, kept by other versions of the code with ``strict``,
+        one or more) are said in one fact, whose ``items`` says how many (and ``of``, of how
+        many handed): a damaged pack of 100,000 items is one ``corrupt`` fact, not 100,000,
+        and 100,000 items drifted one ``drifted`` fact, keyed ``whole`` as a node's drift
+        recalled is, and saying the version of the code the first was kept by, as that is
+        too."""
         store = self.store
         assert store is not None
         found = {keys[0]: self._recalled(keys[0])} if len(keys) == 1 else store.recall_many(keys)
-        said: dict[_Unused | _Recompute, Fact] = {}
+        said: dict[_Unused | type[_Recompute], Fact] = {}
         damaged: dict[str, Fact] = {}  # key → the fact saying so
         decoded: set[str] = set()
         out: list[Any] = []
@@ -229,12 +231,14 @@ class _Run:
                 decoded.add(key)
                 value = self._decode(node, key, got, fingerprint)
                 if isinstance(value, (_Unused, _Recompute)):
-                    if value not in said:
-                        # A drift is said of the node, as one recalled; damage of the item.
-                        told = whole if isinstance(value, _Recompute) else key
-                        said[value] = self.unused_fact(node, told, value)
-                        said[value].update(items=0, of=of)
-                    damaged[key] = said[value]
+                    # A drift is said of the node, as one recalled, once whichever versions
+                    # of the code kept its items; damage of the item, once per why.
+                    why = _Recompute if isinstance(value, _Recompute) else value
+                    if why not in said:
+                        told = whole if why is _Recompute else key
+                        said[why] = self.unused_fact(node, told, value)
+                        said[why].update(items=0, of=of)
+                    damaged[key] = said[why]
                     value = _DAMAGED
             if value is _DAMAGED:
                 damaged[key]["items"] += 1
@@ -266,7 +270,7 @@ class _Run:
         except (ValueError, TypeError) as why:
             return _Unused("corrupt", str(why))
         if drifted is not None:  # noted once read: one unread is computed, not recalled
-            self.drift[node] = drifted
+            self.drift.setdefault(node, drifted)  # the first, as `strict` says it
         return value
 
     def drift_fact(self, node: str, key: str | None, was: str | None, now: str) -> Fact:
@@ -783,7 +787,8 @@ class _Unused:
 class _Recompute:
     """An answer read back that ``strict`` computes again: it was kept with the code
     fingerprint ``was``, and the code it depends on is ``now``. Items of a mapped node kept
-    by one version of it are said in one ``drifted`` fact."""
+    by other versions of it, one or more, are said in one ``drifted`` fact, whose ``was`` is
+    the first's."""
 
     was: str | None
     now: str

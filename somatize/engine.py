@@ -37,9 +37,10 @@ was handed) in each of its ``ran``, ``kept`` and ``recalled`` facts, and in each
 ``corrupt`` and ``unreadable`` fact: its items read back that cannot be used for one
 reason (the blob of the pack holding them found damaged) are one fact, whose ``key`` is
 the first of them — a damaged pack of 100,000 items is one fact, not 100,000. So with
-``strict=True``: its items kept by another version of the code are one ``drifted`` fact
-saying ``recomputed``, ``items`` and ``of``, whose ``key`` is the node's, as the
-``drifted`` fact of its items recalled without ``strict`` is. Handed no items
+``strict=True``: its items kept by other versions of the code, one or more, are one
+``drifted`` fact saying ``recomputed``, ``items`` and ``of``, whose ``key`` is the node's
+and whose ``was`` is the version the first of them was kept by, as the ``drifted`` fact
+of its items recalled without ``strict`` is. Handed no items
 it runs, trivially and without being called: ``ran`` with ``items`` 0. Handed
 something that is no list, or answering a list of another length than it was handed,
 it is ``failed``, and :class:`NodeFailed` says which.

@@ -666,6 +666,34 @@ def test_strict_says_a_mapped_nodes_drifted_items_in_one_fact(store: Store) -> N
     assert said[0]["was"] == told["now"]
 
 
+def test_strict_says_items_kept_by_two_older_versions_in_one_fact(store: Store) -> None:
+    """A mapped node's items kept by two older versions of its code, run with
+    `strict=True`, are one `drifted` fact saying `recomputed` and how many items of how
+    many handed, as without `strict` they are one fact, not one per version: each
+    version's fact counted only its own items, and the node drifted twice in the record.
+    Both say the version the first item read was kept by."""
+    square = Square()
+    g = Graph.somatize(square.named("square").frozen().mapped().cached())
+    g.memory.written_as("square", "sha256:older")
+    g.forward([1, 2], store=store)
+    g.memory.written_as("square", "sha256:old")
+    seen: list[dict[str, Any]] = []
+    with pytest.warns(Drifted):
+        g.forward([1, 2, 3], store=store, watching=seen.append)
+    [older] = [f["was"] for f in seen if f["fact"] == "drifted"]
+    g.memory.written_as("square", "sha256:now")
+    for strict in (False, True):
+        seen.clear()
+        with pytest.warns(Drifted) if not strict else warnings.catch_warnings():
+            answer = g.forward([1, 2, 3, 4], store=store, watching=seen.append, strict=strict)
+        assert answer == [1, 4, 9, 16]
+        [said] = [f for f in seen if f["fact"] == "drifted"]
+        assert said["was"] == older
+        assert g.record is not None and g.record.count("drifted") == 1
+    assert (said["recomputed"], said["items"], said["of"]) == (True, 3, 4)
+    assert square.calls[-1] == [1, 2, 3]  # 4 kept by the forward before, without `strict`
+
+
 def test_mapped_runs_only_missing_items(store: Store) -> None:
     """A mapped node answers item by item; only the missing items run, as one call."""
     square = Square()
