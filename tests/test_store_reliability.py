@@ -985,6 +985,37 @@ def test_a_store_without_its_empty_folders_that_cannot_be_written_is_read(
     assert again.verify().ok
 
 
+def test_gc_of_a_full_store_without_its_tmp_folder_removes_what_it_drops(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gc of a store on a disk too full to make a folder on, that lacks its empty tmp/
+    (copied by a tool that drops empty folders), removes the answers it drops and the
+    blobs nothing refers to: it failed, saying no space was left, for want of tmp/ to
+    move them through, which is what a full disk needs gc for. It leaves nothing behind,
+    and what it keeps reads back whole."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    old = store.keep(key_of("old"), b"used long ago", "plain")
+    os.utime(root / "answers" / old.key[7:9] / old.key[7:], (1, 1))
+    new = store.keep(key_of("new"), b"used just now", "plain")
+    stray = store.put(b"referred to by nothing")
+    store.close()
+    (root / "tmp").rmdir()
+    _refuse_writes(monkeypatch, _full)
+    fresh = LocalStore(root)
+    record = root / "answers" / new.key[7:9] / new.key[7:]
+    done = fresh.gc(record.stat().st_size + new.size, grace=0)  # the newer answer is kept
+    monkeypatch.undo()
+    assert (done.answers, done.blobs) == (1, 2)
+    assert not (root / "tmp").exists()
+    again = LocalStore(root)
+    assert again.have([old.key, new.key]) == {new.key}
+    assert bytes(again.recall(new.key)[1]) == b"used just now"
+    assert stray not in {"blake3:" + path.name for path in (root / "blobs").glob("*/*")}
+    assert sorted(path.name for path in (root / "blobs").glob("*/*")) == [new.value[7:]]
+    assert again.verify().ok
+
+
 def test_a_read_only_store_says_so_before_anything_is_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

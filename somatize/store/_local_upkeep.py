@@ -7,7 +7,9 @@ are plain file operations on the directory. A folder or file this process may no
 read is an error, never left out: upkeep would take what it holds for unused, or the
 store for whole. A record is dropped by renaming it into ``tmp/`` first and comparing
 it there, so one a writer publishes again under its name from that moment on is a new
-file, never removed.
+file, never removed. On a disk too full to make ``tmp/`` where it is missing (a store
+copied without its empty folders), gc still removes: a blob is set aside in its own
+folder instead, and a record compared and removed in place.
 
 When an answer was last used is written as the file time of its record or pack index
 (:func:`_write_uses`), in batches, on close, when the store is let go and as its process
@@ -30,6 +32,7 @@ from stat import S_ISREG
 import blake3
 
 from somatize.store._local_files import (
+    _FULL,
     _READ_ONLY,
     ONE_FILESYSTEM,
     SMALL_FILE,
@@ -183,15 +186,32 @@ class LocalShelf(LocalFiles):
         gone: list[Entry] = []
         if not entries:
             return gone
+        staged = self._staging("blobs", entries[0].name)
+        for entry in entries:
+            with self._in_tmp(".swept") as aside:
+                # Without tmp/, set aside in its own folder, named as no blob is: a gc
+                # killed meanwhile leaves a stray there, which a later gc removes.
+                folder = self._tmp if staged else self._blob_folder(entry.name)
+                if self._sweep_one(entry, folder + aside):
+                    gone.append(entry)
+        return gone
+
+    def _blob_folder(self, name: str) -> str:
+        """The folder the blob named ``name`` in ``blobs/`` (``ab/abcd…``) lies in."""
+        return f"{self._blobs}{name.rsplit('/', 1)[0].replace('/', os.sep)}{os.sep}"
+
+    def _staging(self, section: str, name: str) -> bool:
+        """Whether files of ``section`` (the first to go, ``name``) are set aside in ``tmp/``
+        to be removed, made first where it is missing (a store copied without its empty
+        folders): False where it cannot be made for want of space, on a full disk, where
+        gc is needed most (:meth:`_drop` and :meth:`_sweep` then do without it)."""
         try:
             os.makedirs(self._tmp, exist_ok=True)
         except OSError as why:
-            raise self._unremoved("blobs", entries[0].name, why) from why
-        for entry in entries:
-            with self._in_tmp(".swept") as aside:
-                if self._sweep_one(entry, self._tmp + aside):
-                    gone.append(entry)
-        return gone
+            if why.errno in _FULL:
+                return False
+            raise self._unremoved(section, name, why) from why
+        return True
 
     def _sweep_one(self, entry: Entry, aside: str) -> bool:
         """Removes the blob ``entry`` names unless its time moved since it was listed,
@@ -257,15 +277,34 @@ class LocalShelf(LocalFiles):
         gone: set[str] = set()
         if not listed:
             return gone
-        try:
-            os.makedirs(self._tmp, exist_ok=True)
-        except OSError as why:
-            raise self._unremoved(section, next(iter(listed)), why) from why
+        if not self._staging(section, next(iter(listed))):
+            return {name for name, was in listed.items() if self._drop_here(section, name, was)}
         for name, was in listed.items():
             with self._in_tmp(".dropped") as aside:
                 if self._drop_one(section, name, was, self._tmp + aside):
                     gone.add(name)
         return gone
+
+    def _drop_here(self, section: str, name: str, was: bytes) -> bool:
+        """Drops ``section/name`` if it holds ``was``, where it lies: without ``tmp/`` to set
+        it aside in (:meth:`_staging`). A record set aside in its own folder, under another
+        name, would be a stray for good if gc were killed meanwhile (one kept by hand, never
+        collected), so it is compared and removed in place: one a writer publishes again in
+        that instant is removed with it, a miss, recomputed, never a wrong answer."""
+        path = f"{self._section(section)}{os.sep}{name}"
+        try:
+            unchanged = _read_file(path, None) == was
+        except OSError:
+            unchanged = False  # removed meanwhile (a gc elsewhere), or it cannot be told
+        if not unchanged:
+            return False
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        except OSError as why:
+            raise self._unremoved(section, name, why) from why
+        return True
 
     def _drop_one(self, section: str, name: str, was: bytes, aside: str) -> bool:
         """Drops ``section/name`` if it holds ``was``, setting it ``aside`` (a path in
