@@ -48,6 +48,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -56,6 +57,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import fx, nn
 
+from somatize._threads import ProcessLock
 from somatize_torch._errors import NotCalled, Untraceable, WrapError
 from somatize_torch._modes import enters_blocks, switches
 from somatize_torch._parts import _Parts, _Read, aliases_of, hooks_of, untied, untied_said
@@ -194,10 +196,17 @@ class _Gate:
     others run) would run in that mode. So a trace waits for the calls running in other
     threads to end, and a call waits for the trace; traces are taken one at a time, so
     threads making the same first call trace one after the other, and the second finds
-    the first's. A copy of the wrapped model gets a gate of its own."""
+    the first's. A copy of the wrapped model gets a gate of its own.
+
+    A forked child (a DataLoader worker forked while a thread of its parent runs the
+    model) has only the thread that forked: the calls and the trace of the parent's other
+    threads are forgotten there (:meth:`_own`), and its lock is made unheld
+    (:class:`~somatize._threads.ProcessLock`), or its first trace would wait for them for
+    good."""
 
     def __init__(self) -> None:
-        self._changed = threading.Condition()
+        self._changed = threading.Condition(ProcessLock())
+        self._pid = os.getpid()
         self._calls: dict[int, int] = {}
         """Per thread, the calls it is in (a wrapped model calling another: two)."""
         self._tracer: int | None = None
@@ -208,10 +217,25 @@ class _Gate:
     def __reduce__(self) -> tuple[Any, ...]:
         return (_Gate, ())
 
+    def _own(self, me: int) -> None:
+        """In a forked child, keeps only what the thread that forked (``me``, the only one
+        there) was doing: the other threads' calls, trace and waits are the parent's.
+        Called with ``_changed`` held."""
+        pid = os.getpid()
+        if self._pid == pid:
+            return
+        self._pid = pid
+        mine = self._calls.get(me)
+        self._calls = {me: mine} if mine else {}
+        if self._tracer != me:
+            self._tracer = None
+        self._waiting = 0  # the thread that forked was not waiting: it forked
+
     def enter(self) -> None:
         """A call begins: once no other thread traces or waits to."""
         me = threading.get_ident()
         with self._changed:
+            self._own(me)
             if not self._calls.get(me):
                 while self._tracer not in (None, me) or (self._waiting and self._tracer != me):
                     self._changed.wait()
@@ -221,6 +245,7 @@ class _Gate:
         """A call ends."""
         me = threading.get_ident()
         with self._changed:
+            self._own(me)
             left = self._calls[me] - 1
             if left:
                 self._calls[me] = left
@@ -235,6 +260,7 @@ class _Gate:
         already (one that finds the parts it reads given apart)."""
         me = threading.get_ident()
         with self._changed:
+            self._own(me)
             within = self._tracer == me
         if within:
             yield

@@ -448,6 +448,73 @@ def test_a_child_forked_while_a_thread_counts_calls_its_wrapped_model(store: Sto
         holder.join()
 
 
+_IN_CALL, _LEAVE_CALL = threading.Event(), threading.Event()
+
+
+class _WaitsInCall(nn.Module):
+    """Run on a thread named ``in-call``, says so and waits to go on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if threading.current_thread().name == "in-call":
+            _IN_CALL.set()
+            _LEAVE_CALL.wait(30)
+        return self.linear(x)
+
+
+class ConfiguredWaits(nn.Module):
+    """Branches on its config's flag after a part that may wait in a call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Config()
+        self.encoder = _WaitsInCall()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.encoder(x)
+        return h * 2.0 if self.config.flag else h
+
+
+def _flagged_in_child(wrapped: smt.Wrapped, x: torch.Tensor) -> list[list[float]]:
+    wrapped.model.config.flag = True
+    with torch.no_grad():
+        return list(wrapped(x).tolist())
+
+
+def test_a_child_forked_while_a_thread_is_in_a_call_traces_its_wrapped_model_again(
+    store: Store,
+) -> None:
+    """A child forked while another thread of its parent is inside a call of the wrapped
+    model (a DataLoader worker forked as a thread runs the model) traces the model again
+    when its config changes there, and answers as the model does: the call of the thread
+    the child does not have no longer holds the trace off, where it waited for good."""
+    from tests.forked import in_forked_child
+
+    torch.manual_seed(0)
+    model = ConfiguredWaits()
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        wrapped(x)
+        model.config.flag = True
+        expected = model(x)
+        model.config.flag = False
+    _IN_CALL.clear()
+    _LEAVE_CALL.clear()
+    calling = threading.Thread(target=wrapped, args=(x + 1,), name="in-call")
+    calling.start()
+    try:
+        assert _IN_CALL.wait(10)
+        answer = in_forked_child(_flagged_in_child, wrapped, x, timeout=30)
+    finally:
+        _LEAVE_CALL.set()
+        calling.join()
+    assert torch.equal(torch.tensor(answer), expected)
+
+
 def test_release_refuses_what_it_cannot_release(store: Store) -> None:
     """``release`` takes a module, and the module of a row cache, not the cache: each
     refused saying what to pass."""
