@@ -203,10 +203,11 @@ def _when(seconds: float, shape: str = "%Y-%m-%d %H:%M") -> str:
 
 
 def _ls(store: LocalStore | BucketStore, out: Any) -> None:
-    """Each answer, pack and name, oldest first in each section: the bytes it holds (an
-    answer's, a pack's blob's, the blob a name points at; ``-`` when that cannot be told,
-    or its blob is not there), when it was written or last used, and what ``show`` takes to
-    show it. Every record and index is read (a small file each), and ``blobs/`` listed
+    """Each answer, pack and name, least recently used first in each section (as a gc
+    drops them): the bytes it holds (an answer's, a pack's blob's, the blob a name points
+    at; ``-`` when that cannot be told, or its blob is not there), when it was last used
+    (a bucket's ``used/`` logs say when its answers were) or written, and what ``show``
+    takes to show it. Every record and index is read (a small file each), and ``blobs/`` listed
     once, for the blobs they refer to."""
     blobs = {f"blake3:{e.name.rsplit('/', 1)[-1]}": e.size for e in listing(store, "blobs")}
     labels = {"answers": "answer", "packs": "pack", "names": "name"}

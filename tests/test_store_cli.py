@@ -786,3 +786,32 @@ def test_a_url_whose_filesystem_cannot_be_made_from_it_exits_2_with_one_line(
     err = capsys.readouterr().err
     assert "cannot open reference://somatize/store as a bucket store" in err
     assert len(err.splitlines()) == 1
+
+
+def test_ls_of_a_bucket_says_when_each_answer_was_last_used(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """ls of a bucket store lists answers least recently used first, as gc drops them, at
+    the time they were last used: a bucket keeps a recall's time in its used/ logs, not in
+    the record's time, which says when it was written."""
+    url = f"file://{tmp_path / 'bucket'}"
+    store = Store.on_bucket(url)
+    older, newer = KEY, "blake3:" + "cd" * 32
+    store.keep(older, b"a" * 100, "plain")
+    store.keep(newer, b"b" * 300, "plain")
+    store.close()
+    written = time.time() - 7200
+    for hours, key in ((2, older), (1, newer)):
+        record = tmp_path / "bucket" / "answers" / key[7:9] / key[7:]
+        os.utime(record, (time.time() - hours * 3600,) * 2)
+    reader = Store.on_bucket(url)
+    reader.recall(older)
+    reader.close()
+    assert main(["store", "ls", "--store", url]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[-1] for line in lines] == [newer, older]
+    assert time.strftime("%Y-%m-%d %H:%M", time.localtime(written)) not in lines[1]
+    assert main(["store", "gc", "--store", url, "--max-bytes", "700", "--grace", "0"]) == 0
+    assert "dropped 1 answers" in capsys.readouterr().out
+    assert main(["store", "ls", "--store", url]) == 0
+    assert capsys.readouterr().out.split()[-1] == older  # what ls listed first went

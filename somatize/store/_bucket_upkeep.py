@@ -452,8 +452,10 @@ class BucketShelf(BucketRequests):
         log = json.dumps({"answers": answers, "packs": packs}).encode()
         self._write(self._path("used", f"{uuid.uuid4().hex}.json"), [log])
 
-    def _uses(self) -> dict[tuple[str, str], float]:
-        """When each answer and pack the ``used/`` logs name was last used. A damaged log,
+    def _uses(self, merge: bool = True) -> dict[tuple[str, str], float]:
+        """When each answer and pack the ``used/`` logs name was last used; with ``merge``,
+        the logs read are replaced by one once the gc reading them is done
+        (:meth:`_collected`). A damaged log,
         or a damaged entry in one (a time no clock shows: text, negative, Infinity), only
         loses its own recency, which is advice; a time later than now (a clock that ran
         years ahead) is taken as a use now, and ages from here on, rather than keeping its
@@ -476,6 +478,7 @@ class BucketShelf(BucketRequests):
                         continue
                     where = (section, f"{hexed[:2]}/{hexed}" if section == "answers" else hexed)
                     out[where] = max(out.get(where, 0.0), used)
-        with self._lock:
-            self._noted.merging = (listed, out, set())
+        if merge:
+            with self._lock:
+                self._noted.merging = (listed, out, set())
         return out

@@ -443,7 +443,7 @@ class LocalShelf(LocalFiles):
             multiprocessing.util.Finalize(None, _write_down_at_exit, (users[1],), exitpriority=0)
         users[1].add(self)
 
-    def _uses(self) -> dict[tuple[str, str], float]:
+    def _uses(self, merge: bool = True) -> dict[tuple[str, str], float]:
         return {}
 
     def _stamp(self, names: dict[str, list[str]], when: float) -> None:

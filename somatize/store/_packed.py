@@ -521,8 +521,9 @@ class PackedHome(Store):
         listing said it holds, where one did."""
 
     @abc.abstractmethod
-    def _uses(self) -> dict[tuple[str, str], float]:
-        """(section, name) → when last used, where that is not the file's own time."""
+    def _uses(self, merge: bool = True) -> dict[tuple[str, str], float]:
+        """(section, name) → when last used, where that is not the file's own time; with
+        ``merge``, for a gc, which may write what it read down anew once it is done."""
 
     def _stamp(self, names: dict[str, list[str]], when: float) -> None:
         """Sets the time of the files ``names`` (section → names there: records, pack

@@ -146,7 +146,7 @@ class Shelf(Protocol):
 
     def _flush_use(self) -> None: ...
 
-    def _uses(self) -> dict[tuple[str, str], float]: ...
+    def _uses(self, merge: bool = True) -> dict[tuple[str, str], float]: ...
 
     def _stamp(self, names: dict[str, list[str]], when: float) -> None: ...
 
@@ -746,10 +746,16 @@ def _named(section: str, name: str) -> bool:
 def contents(shelf: Shelf, section: str) -> list[tuple[Entry, Answer | PackIndex | str | Corrupt]]:
     """Each record, pack index or name of ``section`` (``answers``, ``packs``, ``names``)
     and what it holds, or why it cannot be read (damaged, or not this user's to read):
-    one listing and one read of each file. Files named as none of them can be (a
-    ``.DS_Store``) are left out. Read without the signing key: this says what the store
-    holds, not what a reader would trust."""
-    entries = [e for e in _own_entries(shelf, section)[0] if _named(section, e.name)]
+    one listing and one read of each file. Each entry's time is when it was last used, as
+    a gc weighs it: a bucket keeps a recall's time in its ``used/`` logs, not in the file's.
+    Files named as none of them can be (a ``.DS_Store``) are left out. Read without the
+    signing key: this says what the store holds, not what a reader would trust."""
+    uses = shelf._uses(merge=False) if section != "names" else {}
+    entries = [
+        e._replace(mtime=max(e.mtime, uses.get((section, e.name), 0.0)))
+        for e in _own_entries(shelf, section)[0]
+        if _named(section, e.name)
+    ]
     names = [e.name for e in entries]
     unread: dict[str, Corrupt] = {}
     try:
