@@ -815,3 +815,23 @@ def test_ls_of_a_bucket_says_when_each_answer_was_last_used(
     assert "dropped 1 answers" in capsys.readouterr().out
     assert main(["store", "ls", "--store", url]) == 0
     assert capsys.readouterr().out.split()[-1] == older  # what ls listed first went
+
+
+def test_a_directory_named_through_a_caching_layer_is_collected_and_verified_as_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store's directory named through a layer of copies (`simplecache::file://…`) is a
+    directory still: gc collects it rather than looking for a bucket named by its first
+    folder, and verify --quarantine moves what is damaged aside, as for its path."""
+    store = _store(tmp_path)
+    answer = store.answer(KEY)
+    assert answer is not None
+    where = f"simplecache::file://{store.root}"
+    assert main(["store", "gc", "--store", where, "--max-bytes", "100"]) == 0
+    assert "dropped 1 answers" in capsys.readouterr().out
+    assert LocalStore(store.root).have([KEY]) == set()
+    store = _store(tmp_path)
+    store.blob_path(answer.value).write_bytes(b"y" * 3000)
+    assert main(["store", "verify", "--store", where, "--quarantine"]) == 1
+    assert "moved 2 aside into quarantine/" in capsys.readouterr().out
+    assert main(["store", "verify", "--store", where]) == 0

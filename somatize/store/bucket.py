@@ -527,7 +527,10 @@ class BucketStore(BucketShelf):
                 f"{compressed}"
             ) from why
         self.root = str(root).rstrip("/")
-        protocol = self.fs.protocol
+        # What the store lies in is the filesystem under a layer of copies: a directory
+        # named through `simplecache::file://` is a directory still, renamed into and
+        # written through tmp/, in no bucket.
+        protocol = _under_copies(self.fs).protocol
         self._protocols = set((protocol,) if isinstance(protocol, str) else protocol)
         if self._protocols & {"s3", "s3a"}:
             if "://" in url and "::" not in url:
