@@ -260,30 +260,14 @@ def _run(
     watch: StateWatch | None,
 ) -> torch.Tensor:
     """The module's answer on the rows of ``x`` at ``positions``, run in eval mode."""
-    version = _version_handed(x, positions)
     rows = _compute(self, x, positions, keying, watch)
     if not _in_eval(self):
         # A part put in train mode as the module ran (by another thread): its rows may be
         # train mode's (a dropout drawing). Computed again, the part warned of and put
-        # back in eval first (`_compute`), and kept only if none moved meanwhile.
-        if version is not None and _version_handed(x, positions) != version:
-            raise RowsError(
-                f"`{type(self.module).__name__}` wrote into the batch it was handed as it ran, "
-                "and a part of it was put in train mode meanwhile (by another thread), so its "
-                "answer may be train mode's; run again, it would answer for what it wrote, "
-                "not for the batch the cache was handed. Nothing was kept. Put no part in "
-                "train mode while the cache runs, or have the module write into a copy"
-            )
+        # back in eval first (`_compute`), and kept only if none moved meanwhile. It runs
+        # on the very rows it ran on: a module writing into them was refused as it ran.
         rows = _compute(self, x, positions, keying, watch)
     return rows
-
-
-def _version_handed(x: torch.Tensor | DeferredRows, positions: list[int]) -> int | None:
-    """The version counter of ``x`` where the module is handed ``x`` itself (every row of
-    it, not a copy of some) and ``x`` has one: what moves if the module writes into it."""
-    if not isinstance(x, torch.Tensor) or x.is_inference() or len(positions) != len(x):
-        return None
-    return x._version
 
 
 def _queue_names(x: torch.Tensor | DeferredRows) -> RowsQueued | None:

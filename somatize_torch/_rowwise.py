@@ -9,6 +9,13 @@ refused (:class:`~somatize_torch.rows.NotRowwise`), since an answer kept from on
 batch would be recalled in another. Alone and in a batch, a row goes through
 kernels that round differently, so the two answers are compared within what
 rounding allows (:func:`_rounding`, :func:`_difference`), not for equality.
+
+Nor may the module write into the rows it is handed (`x.mul_(2)`, an
+``nn.ReLU(inplace=True)`` as its first part, centring in place): it is handed the
+caller's batch only where every row is computed, a copy of the rows it computes
+where others are recalled, and nothing where all are, so the caller would see its
+batch written in one epoch and not in the next. Every run is watched
+(:func:`_answer`), and a write refused before anything of its batch is kept.
 """
 
 from __future__ import annotations
@@ -60,8 +67,7 @@ def _compute(
     ends = sub[:: len(positions) - 1].clone() if not keying.rowwise and len(positions) > 1 else None
     alike = ends is not None and _copies_of_one(sub)
     generators = generator_states(module, sub)
-    with torch.no_grad():
-        out: torch.Tensor = module(sub)
+    out: torch.Tensor = _answer(self, sub, ends, handed=sub is x)
     _check_answer(self, out, len(positions))
     # A draw from torch's generator (a VAE's encoder sampling its latents) would be
     # recalled: a row run alone, or one whose draw moves it less than rounding allows, is
@@ -69,7 +75,10 @@ def _compute(
     # in train mode meanwhile, a count the module keeps moved) are kept nowhere: computed
     # again or answered once (`_run`, `_recall_or_run`), whatever they drew.
     keyed = functools.partial(_still_keyed, self, watch)
-    if drew_as_it_ran(module, sub, generators, lambda: module(sub[:1].clone()), keyed) and keyed():
+    if (
+        drew_as_it_ran(module, sub, generators, lambda: _answer(self, sub[:1].clone()), keyed)
+        and keyed()
+    ):
         raise RowsError(
             drew_at_random(
                 f"`{type(module).__name__}` is cached per row",
@@ -125,20 +134,66 @@ def _same_answers(
     raise NotRowwise(keying.mixes)
 
 
+def _answer(
+    self: CachedRows, rows: torch.Tensor, ends: torch.Tensor | None = None, handed: bool = False
+) -> Any:
+    """The module's answer on ``rows`` (``handed``: the batch the cache was handed itself),
+    run without gradients; a module that wrote into ``rows`` as it ran is refused
+    (:func:`_refuse_writing`). The write is seen by their version counter; an inference
+    tensor keeps none (one made under ``torch.inference_mode``), and is seen written only
+    where its rows are checked, by its first and last rows' bytes against ``ends``, their
+    copy taken before the run."""
+    version = None if rows.is_inference() else rows._version
+    with torch.no_grad():
+        out = self.module(rows)
+    if version is not None:
+        written = rows._version != version
+    elif ends is not None:
+        now, before = _bits(rows[:: len(rows) - 1]), _bits(ends)
+        written = now is not None and before is not None and not torch.equal(now, before)
+    else:
+        written = False
+    if written:
+        _refuse_writing(self, handed)
+    return out
+
+
+def _refuse_writing(self: CachedRows, handed: bool) -> NoReturn:
+    batch = "was written" if handed else "is as it was: the module ran on a copy of rows of it"
+    raise RowsError(
+        f"`{type(self.module).__name__}` wrote into the rows it was handed, in place, as it "
+        "ran (`x.mul_(2)`, an `nn.ReLU(inplace=True)` as its first part, centring in "
+        "place): a cache per row hands it the batch itself only where it computes every "
+        "row, a copy of the rows it computes where it recalls others, and nothing where it "
+        "recalls them all, so what reads the batch after the call would find it written in "
+        "one epoch and not in the next. Nothing of this batch was kept, and the batch "
+        f"handed to the cache {batch}. Have the module write into a copy (`x = x.clone()` "
+        "before writing into it, or `inplace=False`), or call the module itself"
+    )
+
+
 def _copies_of_one(rows: torch.Tensor) -> bool:
     """Whether every row of ``rows`` holds the bytes of the first (a sample drawn again and
     again, a batch of zeros run to warm up): compared once per keying, where rows are
-    checked. Rows whose bytes torch cannot view (a quantized batch, which some torch
-    releases view as bytes that crash the process when read) are taken as other rows, as
-    they were before copies were told apart."""
-    if rows.is_quantized:
-        return False
-    try:
-        bits = rows.resolve_conj().resolve_neg().contiguous().view(torch.uint8)
-    except RuntimeError:
+    checked. Rows whose bytes torch cannot view are taken as other rows, as they were
+    before copies were told apart."""
+    bits = _bits(rows)
+    if bits is None:
         return False
     bits = bits.reshape(len(rows), -1)
     return bool((bits == bits[:1]).all())
+
+
+def _bits(rows: torch.Tensor) -> torch.Tensor | None:
+    """The bytes of ``rows`` (as torch lays them out in C order); None where torch cannot
+    view them as bytes: a quantized batch, which some torch releases view as bytes that
+    crash the process when read, or another it refuses to view."""
+    if rows.is_quantized:
+        return None
+    try:
+        return rows.resolve_conj().resolve_neg().contiguous().view(torch.uint8)
+    except RuntimeError:
+        return None
 
 
 def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> bool:
@@ -153,12 +208,11 @@ def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> b
         return False
     module = self.module
     check_still(type(module).__name__, module)
-    # A copy: a module that writes into its input (centring it in place) would otherwise
-    # write into the batch's first row before it is named and run with the rest.
+    # A copy: a module that writes into its input (centring it in place) is refused here
+    # (`_answer`), the batch left as it was handed.
     row = x[:1].detach().clone().requires_grad_()
     try:
-        with torch.no_grad():
-            out = module(row)
+        out = _answer(self, row)
     except SomatizeError:
         raise
     except Exception as error:
@@ -242,12 +296,10 @@ def _check_rowwise(
     checked so too, but a module that answers a copy as it answers the row alone (a
     mean over the batch taken off, attention along dimension 0) may answer a batch of
     other rows otherwise: the keying is not taken as answering each row alone."""
-    module = self.module
     limit = _rounding(self, ends, out)
     for which, at in (("first", 0), ("last", len(out) - 1)):
         try:
-            with torch.no_grad():
-                alone = module(ends[min(at, 1) : min(at, 1) + 1])
+            alone = _answer(self, ends[min(at, 1) : min(at, 1) + 1])
         except (SomatizeError, torch.cuda.OutOfMemoryError):
             # Out of memory is the device's state, not the module's way with rows: a loop
             # catching it (to run the batch again in halves) is handed it as it was raised.

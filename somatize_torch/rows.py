@@ -18,8 +18,9 @@ looks its rows up nearest first — the device tier, the host tier, then the sto
 and runs the module only on the rows found nowhere
 (:mod:`somatize_torch._row_lookup`); where a keying first computes rows, it checks
 that the module answers each row alone as it did in the batch, and refuses one
-that does not (:mod:`somatize_torch._rowwise`). Keyed by content, a batch's rows can
-be named on another thread before its forward (:meth:`CachedRows.name_ahead`,
+that does not, and at every run one that writes into the rows it is handed
+(:mod:`somatize_torch._rowwise`). Keyed by content, a batch's rows can be named on
+another thread before its forward (:meth:`CachedRows.name_ahead`,
 :mod:`somatize_torch._row_ahead`). What it did is counted in rows
 (:class:`RowStats`); :func:`prefill` fills a cache before training starts; the
 settings it takes are checked when it is made (:func:`check_options`,

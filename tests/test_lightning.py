@@ -45,7 +45,7 @@ from somatize.torch.lightning import (
 from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import Deferred
 from somatize_torch.freeze import is_held
-from somatize_torch.rows import CachedRows, cache_rows
+from somatize_torch.rows import CachedRows, RowsError, cache_rows
 from tests.conftest_s3 import s3_options
 from tests.lightning_models import SAMPLES, Encoder, Probe, data, loader, trainer
 
@@ -1466,6 +1466,33 @@ def test_each_stage_hands_back_the_plain_model(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="the step failed"):
         trainer(tmp_path, 1, callbacks=[CacheFrozen(None, ["encoder"])]).fit(failing, loader())
     assert type(failing.encoder) is Encoder and not is_held(failing.encoder)
+
+
+class _RectifiedInPlace(Probe):
+    """A probe whose encoder rectifies its batch in place first (``nn.ReLU(inplace=True)``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.ReLU(inplace=True), self.encoder)
+
+
+@pytest.mark.parametrize("stage", ["fit", "validate"])
+def test_an_encoder_that_writes_into_its_batch_fails_the_stage(tmp_path: Path, stage: str) -> None:
+    """An encoder that writes into the batch it is handed (a first layer in place) is
+    refused as ``cache_rows`` refuses it (``RowsError``, saying what to do), at the
+    stage's first batch — under validation's inference mode too — rather than writing into
+    the batch in the first epoch and not in those that recall it: nothing is kept, and the
+    plain encoder is handed back."""
+    model = _RectifiedInPlace()
+    callback = CacheFrozen(tmp_path / "store", ["encoder"])
+    fitting = trainer(tmp_path, 1, callbacks=[callback])
+    with pytest.raises(RowsError, match=r"`Sequential` wrote into the rows it was handed"):
+        if stage == "fit":
+            fitting.fit(model, loader())
+        else:
+            fitting.validate(model, loader(), verbose=False)
+    assert type(model.encoder) is nn.Sequential and not is_held(model.encoder)
+    assert callback.cached["encoder"].stats.rows_kept == 0
 
 
 def test_the_cache_used_between_stages_leaves_the_plain_module_as_it_was(

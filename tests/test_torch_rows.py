@@ -1868,27 +1868,118 @@ class _CentredInPlace(nn.Module):
         return out
 
 
-def test_a_batch_that_requires_grad_is_answered_once_by_a_module_that_writes_into_it(
+class _Doubles(_CentredInPlace):
+    """Doubles its batch in place (``x.mul_(2)``), then projects it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(x.mul_(2))
+        return out
+
+
+def _relu_first() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.ReLU(inplace=True), nn.Linear(4, 3))
+
+
+WRITE = r"wrote into the rows it was handed, in place.*Nothing of this batch was kept"
+
+
+@pytest.mark.parametrize("key", ["content", "index"])
+@pytest.mark.parametrize(
+    "writer", [_Doubles, _relu_first, _CentredInPlace], ids=["mul_", "relu", "centred"]
+)
+def test_a_module_that_writes_into_its_batch_is_refused_and_keeps_nothing(
+    store: Store, key: KeyMode, writer: Callable[[], nn.Module]
+) -> None:
+    """A module that writes into the batch it is handed (``x.mul_(2)``, an
+    ``nn.ReLU(inplace=True)`` first, centring in place) wrote into the caller's batch
+    where every row was computed, and not where rows were recalled, so the batch read
+    after the call held other values in a second epoch than in the first. It is refused
+    (``RowsError``, saying what to do) at every batch, prefilled or not, and nothing is
+    kept; under ``torch.inference_mode`` too, whose tensors keep no version counter."""
+    cached = cache_rows(writer(), store, key=key, version="x@1" if key == "index" else None)
+    x = torch.randn(5, 4)
+    index = torch.arange(5) if key == "index" else None
+    for _ in range(2):  # again: nothing was kept to be recalled
+        with pytest.raises(RowsError, match=rf"{WRITE}.*was written.*x = x.clone\(\)"):
+            cached(x.clone(), index=index)
+    with torch.inference_mode(), pytest.raises(RowsError, match=WRITE):
+        cached(x.clone(), index=index)
+    items = DataLoader(TensorDataset(x.clone(), torch.arange(5)), batch_size=5)
+    inputs = (lambda item: (item[0], item[1])) if key == "index" else None
+    with pytest.raises(RowsError, match=WRITE):
+        prefill(cached, items, inputs=inputs, progress=False)
+    cached.flush()
+    assert cached.tiers[0].rows == 0 and cached.stats.rows_kept == 0
+    cached.close()
+
+
+class _WritesIntoBatchesOf(nn.Module):
+    """Projects its batch, doubling it in place first where it holds ``size`` rows: a
+    write that batches of other sizes do not show."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.size = size
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if len(x) == self.size:
+            x.mul_(2)
+        out: torch.Tensor = self.linear(x)
+        return out
+
+
+@pytest.mark.parametrize(
+    "size", [1, 2], ids=["into a row checked alone", "into rows run beside recalled ones"]
+)
+def test_a_write_into_a_copy_of_rows_of_the_batch_is_refused(store: Store, size: int) -> None:
+    """A module is handed a copy of rows of the batch where it computes some rows and
+    recalls others, and where a row is run again alone to see that it answers each row on
+    its own: a write into such a copy is refused too, the batch handed to the cache left
+    as it was, and none of the rows it wrote into kept."""
+    cached = cache_rows(_WritesIntoBatchesOf(size), store)
+    x = torch.randn(5, 4)
+    batches = [x[:3].clone(), x.clone()]  # three rows (two of them also run alone), then five
+    with pytest.raises(RowsError, match=rf"{WRITE}.*is as it was: the module ran on a copy"):
+        for batch in batches:
+            cached(batch)
+    assert torch.equal(batch, x[: len(batch)])
+    cached.flush()
+    assert cached.stats.rows_kept == (0 if size == 1 else 3)
+    cached.close()
+
+
+def test_a_batch_that_requires_grad_is_refused_for_a_module_that_writes_into_it(
     store: Store,
 ) -> None:
-    """A batch that requires grad, taken under ``torch.no_grad()``, has its first row run
-    once to see that the module records no gradient: a module that writes into its input
-    (centring it in place) writes into a copy of that row there, so the row is named and
-    answered as the batch was handed, and written by the module once, as uncached."""
-    module = _CentredInPlace()
+    """A batch that requires grad, taken under ``torch.no_grad()``, has a copy of its first
+    row run once to see that the module records no gradient: a module that writes into
+    its input is refused there, the batch left as it was handed, and nothing kept."""
+    cached = cache_rows(_CentredInPlace(), store)
     trained = nn.Parameter(torch.ones(()))
     data = torch.randn(3, 4)
     x = data * trained
-    with torch.no_grad():
-        truth = module.linear(data - 1.0)
-        out = cache_rows(module, store)(x)
-    assert torch.allclose(out, truth, atol=1e-6)
-    assert torch.equal(x.detach(), data - 1.0)  # written into once, as the module does
-    cached = cache_rows(_CentredInPlace(), store)  # another cache over the same store
-    with torch.no_grad():
-        again = cached(data.clone())
-    assert torch.allclose(again, truth, atol=1e-6)
+    with torch.no_grad(), pytest.raises(RowsError, match=rf"{WRITE}.*is as it was"):
+        cached(x)
+    assert torch.equal(x.detach(), data)
+    cached.flush()
+    assert cached.tiers[0].rows == 0 and cached.stats.rows_kept == 0
     cached.close()
+
+
+def test_rows_loaded_from_a_deferred_dataset_are_not_written_into() -> None:
+    """Keyed by index, a batch from ``Deferred`` is loaded for the module: a module that
+    writes into what it is handed is refused there too, the dataset left as it was."""
+    data = torch.randn(8, 4)
+    held = data.clone()
+    cached = cache_rows(_Doubles(), key="index")
+    (rows,) = DataLoader(Deferred(data, version="toy@1"), batch_size=8)
+    with pytest.raises(RowsError, match=rf"{WRITE}.*is as it was"):
+        cached(rows)
+    assert torch.equal(data, held)
+    assert cached.tiers[0].rows == 0
 
 
 class _GradsInside(nn.Module):
@@ -3018,9 +3109,9 @@ class InPlace(nn.Module):
 def test_a_module_that_mixes_rows_is_refused(store: Store) -> None:
     """A module whose answer for a row depends on the rest of its batch — a transformer
     layer whose dimension 0 is the sequence, a running sum along it — is refused with what
-    to do, and nothing is kept; the same layer with the batch first, a module that
-    writes into its input, a BatchNorm in eval and a bfloat16 one (rounding otherwise in
-    a batch of another size) are not."""
+    to do, and nothing is kept; the same layer with the batch first, a BatchNorm in eval
+    and a bfloat16 one (rounding otherwise in a batch of another size) are not. A module
+    that writes into its input is refused for that, not for mixing rows."""
     torch.manual_seed(0)
     layer = nn.TransformerEncoderLayer(d_model=8, nhead=2, dim_feedforward=16, dropout=0.0)
     sequence = torch.randn(5, 1, 8)
@@ -3038,10 +3129,8 @@ def test_a_module_that_mixes_rows_is_refused(store: Store) -> None:
     first = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
     batch = torch.randn(6, 5, 8)
     assert torch.allclose(cache_rows(first)(batch), expected(first, batch), atol=1e-6)
-    x = torch.randn(3, 4)
-    assert torch.equal(
-        cache_rows(InPlace(), key="index", version="x@1")(x.clone(), index=torch.arange(3)), 2 * x
-    )
+    with pytest.raises(RowsError, match=WRITE):
+        cache_rows(InPlace(), key="index", version="x@1")(torch.randn(3, 4), index=torch.arange(3))
     assert torch.equal(cache_rows(encoder())(images(16)), expected(encoder(), images(16)))
     half = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).to(torch.bfloat16)
     rows = torch.randn(64, 64, dtype=torch.bfloat16)
@@ -4007,24 +4096,23 @@ class _DoublesInPlace(nn.Module):
         return x.mul_(2)
 
 
-def test_a_batch_written_by_its_module_is_not_run_again_on_what_it_wrote(
+def test_a_batch_written_by_its_module_is_refused_before_it_would_run_again(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A part put in train mode by another thread while the module runs a batch has the
     batch run again; a module that wrote into the batch it was handed as it ran would run
-    again on what it wrote. That is refused, and nothing is kept: an answer for the
-    doubled batch is not the answer for the batch the cache was handed."""
+    again on what it wrote. It is refused as it first runs, before it could run again,
+    and nothing is kept: an answer for the doubled batch is not the answer for the batch
+    the cache was handed."""
     torch.manual_seed(0)
     module = nn.Sequential(_DoublesInPlace(), nn.Linear(6, 64), nn.Dropout(0.5))
     armed = _train_mode_mid_run(monkeypatch, module[2])
     cached = cache_rows(module, store)
-    cached(torch.randn(4, 6))
-    x = torch.randn(8, 6)
     armed.append(True)
-    with pytest.raises(RowsError, match="wrote into the batch"):
-        cached(x)
+    with pytest.raises(RowsError, match=WRITE):
+        cached(torch.randn(8, 6))
     cached.flush()
-    assert cached.stats.rows_kept == 4
+    assert cached.stats.rows_kept == 0
     cached.close()
 
 
