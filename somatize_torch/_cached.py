@@ -67,12 +67,11 @@ from somatize_torch.codec import TENSOR, memory_order
 from somatize_torch.digest import DTYPES, digest_tensor, plain
 from somatize_torch.freeze import (
     ModuleNode,
-    check_still,
     drew_as_it_ran,
     drew_at_random,
     few,
     generator_states,
-    is_held,
+    keep_held,
 )
 
 if TYPE_CHECKING:
@@ -92,14 +91,15 @@ class _Declared(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         module = self.node.module
+        frozen = self.node._watch is not None  # by `freeze` (and released since, or not)
         if not torch.compiler.is_compiling():
-            if is_held(module):
-                check_still(self.node._smz.name or "?", module)
-        elif any(part.training for part in module.modules()) and is_held(module):
+            if frozen:
+                keep_held(self.node._smz.name or "?", module)
+        elif any(part.training for part in module.modules()) and frozen:
             # Compiled code asks only for the parts' training flags, which torch.compile
             # guards on (no graph break): a part put in train mode has the call compiled
             # anew, and it is warned of and put back in eval eagerly, before it runs.
-            _check_still_eagerly(self.node._smz.name or "?", module)
+            _keep_held_eagerly(self.node._smz.name or "?", module)
         return self.call(*args, **kwargs)
 
 
@@ -406,8 +406,8 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
         # the answer is keyed by beside the node: it is computed, as the model computes it,
         # frozen all the same (a part put in train mode is put back in eval, as it warns).
         held = node if self.base is None else self.base.node
-        if not torch.compiler.is_compiling() and is_held(held.module):
-            check_still(name, held.module)
+        if not torch.compiler.is_compiling() and held._watch is not None:
+            keep_held(name, held.module)
         return self.call(*args, **kwargs)
     if jit_tracing():
         raise traced(name, JIT_TRACE)
@@ -596,8 +596,8 @@ def _placed(out: Any, device: torch.device) -> Any:
 
 _remember: Callable[..., Any] = outside_compiled(_recall_or_run)
 """The one deliberate graph break per cached node: the store is asked outside compiled code."""
-_check_still_eagerly: Callable[..., Any] = outside_compiled(check_still)
-""":func:`~somatize_torch.freeze.check_still` in a compiled call, made eagerly: compiled
+_keep_held_eagerly: Callable[..., Any] = outside_compiled(keep_held)
+""":func:`~somatize_torch.freeze.keep_held` in a compiled call, made eagerly: compiled
 code cannot warn, and a part put back in eval there would not be seen by the code after
 it, compiled for the part in train mode."""
 

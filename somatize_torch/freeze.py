@@ -484,6 +484,20 @@ def held_while(module: nn.Module) -> Iterator[None]:
         found.put_back(gradients=True)
 
 
+def keep_held(name: str, module: nn.Module) -> None:
+    """Before a frozen ``module`` runs or its answer is recalled: a part of it put in train
+    mode directly is warned of and put back in eval (:func:`check_still`); the module
+    released since it was frozen (:func:`release`, which puts it in train mode) and frozen
+    again, none of its parameters requiring grad, is held in eval again, as one trained
+    and frozen again is. Left in train mode, it would run so where nothing is recalled (a
+    BatchNorm on batch statistics, moving its running ones; a dropout drawing) and answer
+    as in eval where something is."""
+    if is_held(module):
+        check_still(name, module)
+    elif not any(parameter.requires_grad for parameter in module.parameters()):
+        hold(module)
+
+
 def check_still(name: str, module: nn.Module) -> None:
     """Warns (:class:`StillChanging`) and puts back in eval any part of a frozen module
     found in train mode, before it runs."""
@@ -1000,8 +1014,8 @@ def restated(
     # Thoroughly: a conversion (`encoder.double()`) swaps each tensor's memory and
     # bumps no version counter, and the answers it computes after are others.
     if watch is None or not watch.changed(thorough=True):
-        if is_held(module):
-            check_still(name, module)
+        if watch is not None:  # frozen, and no parameter came to require grad since
+            keep_held(name, module)
         return None, watch
     unfrozen = watch.unfrozen(module)
     if unfrozen:

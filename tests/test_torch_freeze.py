@@ -179,6 +179,32 @@ def test_frozen_module_put_back_in_train_mode_warns() -> None:
     assert torch.equal(first, g.forward(x))
 
 
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_frozen_module_released_and_called_untrained_is_held_in_eval_again(
+    store: Store, cached: bool
+) -> None:
+    """A frozen node's module released (``release``, which puts it in train mode) and
+    called again with its gradients still off is frozen again at that forward, as one
+    trained and frozen again is: held in eval, its answer the one it gives in eval,
+    recalled or computed, its BatchNorm statistics unmoved. It ran in train mode where
+    nothing was recalled (its dropout drawing, refused; its BatchNorm moving its running
+    statistics) and answered as in eval where something was, left in train mode."""
+    encoder = _encoder()
+    node = smt.ModuleNode(encoder).named("encoder").frozen()
+    g = Graph.somatize(node.cached() if cached else node)
+    smt.freeze(g)
+    known, new = torch.randn(5, 6), torch.randn(5, 6)
+    g.forward(Opaque(known), store=store)
+    statistics = encoder.norm.running_mean.clone()
+    for x in (known, new):
+        smt.release(encoder)
+        out = g.forward(Opaque(x), store=store)
+        assert smt.is_held(encoder) and not any(part.training for part in encoder.modules())
+        with torch.no_grad():
+            assert torch.equal(out, encoder(x))
+    assert torch.equal(encoder.norm.running_mean, statistics)
+
+
 class Noisy(nn.Module):
     """Adds noise whatever its mode: each call draws anew."""
 

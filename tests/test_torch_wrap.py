@@ -349,6 +349,32 @@ def test_an_unfrozen_encoder_released_trains_and_freezes_again(store: Store) -> 
     assert smt.is_held(encoder) and not encoder.training
 
 
+@pytest.mark.parametrize("cached", [["encoder"], []])
+def test_an_encoder_released_and_called_untrained_is_held_in_eval_again(
+    store: Store, cached: list[str]
+) -> None:
+    """A frozen encoder released (``release``, which puts it in train mode) and called
+    through the wrapped model with its gradients still off is frozen again at that
+    forward, cached or not: held in eval, answering as in eval, its BatchNorm statistics
+    unmoved. It was left in train mode: a cached one recalled its answer in eval for a
+    batch it knew and was refused (`WrapError`, its BatchNorm counting) for a new one, and
+    one not cached ran in train mode, moving its statistics at every call."""
+    model = _model()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=cached, store=store)
+    smt.freeze(wrapped)
+    encoder = wrapped.encoder
+    known, new = torch.randn(4, 6), torch.randn(4, 6)
+    wrapped(known)
+    statistics = encoder.norm.running_mean.clone()
+    for x in (known, new):
+        smt.release(encoder)
+        out = wrapped(x)
+        assert smt.is_held(encoder) and not any(part.training for part in encoder.modules())
+        with torch.no_grad():
+            assert torch.equal(out, model(x))
+    assert torch.equal(encoder.norm.running_mean, statistics)
+
+
 def test_each_threads_cached_call_counts_what_it_did(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
