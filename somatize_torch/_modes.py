@@ -1058,11 +1058,33 @@ _FLAGS = (
 ``torch.backends`` and ``sdpa_kernel`` call, looked up as they call it."""
 
 
+_DROPOUTS = ("dropout_p", "dropout")
+"""The arguments of a kernel torch tags as drawing for the dropout it may apply (an
+attention's, a recurrent layer's) that say how much it drops: none, it draws nothing."""
+
+
+def _draws(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``func``, called with ``args`` and ``kwargs``, draws at random: it is one
+    torch tags ``nondeterministic_seeded``, and not a kernel tagged so for a dropout it
+    applies none of (``F.scaled_dot_product_attention`` with ``dropout_p=0``, as
+    ``nn.MultiheadAttention`` runs in eval; a cuDNN LSTM out of training)."""
+    if torch.Tag.nondeterministic_seeded not in func.tags:
+        return False
+    for at, argument in enumerate(func._schema.arguments):
+        if argument.name not in (*_DROPOUTS, "train"):
+            continue
+        value = args[at] if at < len(args) else kwargs.get(argument.name, argument.default_value)
+        dropping = value is not False if argument.name == "train" else value != 0
+        if not dropping:
+            return False
+    return True
+
+
 class DrawsSeen(TorchDispatchMode):  # type: ignore[no-untyped-call]
-    """Notes (:attr:`drew`) an operation of torch's that draws at random (one torch tags
-    ``nondeterministic_seeded``: ``randn_like``, a dropout's ``bernoulli_``) run in the
-    thread it is entered in, and in that thread only: torch's generators are the
-    process's, and another thread's draw moves them as this one's does."""
+    """Notes (:attr:`drew`) an operation of torch's that draws at random (:func:`_draws`:
+    ``randn_like``, a dropout's ``bernoulli_``) run in the thread it is entered in, and in
+    that thread only: torch's generators are the process's, and another thread's draw
+    moves them as this one's does."""
 
     def __init__(self) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -1075,9 +1097,10 @@ class DrawsSeen(TorchDispatchMode):  # type: ignore[no-untyped-call]
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        kwargs = kwargs or {}
+        if _draws(func, args, kwargs):
             self.drawn(func)
-        return func(*args, **(kwargs or {}))
+        return func(*args, **kwargs)
 
     def drawn(self, func: Any) -> None:
         """Told of ``func``, an operation that draws, as it is run."""

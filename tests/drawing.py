@@ -8,6 +8,7 @@ import threading
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 
 class DrawnBeside(nn.Module):
@@ -36,3 +37,18 @@ class CountedBeside(DrawnBeside):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         return super().forward(x)
+
+
+class AttendsBeside(DrawnBeside):
+    """A :class:`DrawnBeside` that attends over its features with no dropout, as
+    ``nn.MultiheadAttention(..., need_weights=False)`` does: torch tags the attention's
+    kernel as one that may draw (for a dropout), though it draws nothing here."""
+
+    def __init__(self, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = super().forward(x)[:, None, :, None]  # one head of one token per feature
+        attended = F.scaled_dot_product_attention(h, h, h, dropout_p=self.dropout)
+        return attended[:, 0, :, 0]

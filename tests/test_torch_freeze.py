@@ -43,7 +43,7 @@ from somatize._precision import precision_now
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
 from tests.decoding import Decoder, NotesWidth, steps_alike
-from tests.drawing import CountedBeside, DrawnBeside
+from tests.drawing import AttendsBeside, CountedBeside, DrawnBeside
 from tests.global_modules import CHANGES, normed_cell, scaled
 from tests.nodes import matmul_in_tf32
 
@@ -244,13 +244,15 @@ def test_a_cached_module_that_draws_at_random_is_refused(
             g.forward(x, store=store)
 
 
+@pytest.mark.parametrize("module", [DrawnBeside, AttendsBeside])
 def test_a_cached_module_run_while_another_thread_draws_is_kept_and_recalled(
-    store: Store,
+    store: Store, module: type[nn.Module]
 ) -> None:
     """A cached module that draws nothing, run while another thread draws from torch's
     generator (another model sampling), is not taken to draw: its answer is kept, and
-    recalled."""
-    g = Graph.somatize(smt.ModuleNode(DrawnBeside()).named("beside").frozen().cached())
+    recalled. An attention with no dropout, whose kernel torch tags as one that may draw,
+    draws nothing."""
+    g = Graph.somatize(smt.ModuleNode(module()).named("beside").frozen().cached())
     smt.freeze(g)
     x = Opaque(torch.randn(5, 4))
     first = g.forward(x, store=store)
@@ -271,6 +273,15 @@ def test_a_module_that_changes_what_it_keeps_as_another_thread_draws_runs_once(
     with pytest.raises(smt.FreezeError, match="drew from torch's random number generator"):
         g.forward(Opaque(torch.randn(5, 4)), store=store)
     assert module.calls == 1
+
+
+def test_an_attention_that_drops_out_as_another_thread_draws_is_refused(store: Store) -> None:
+    """A cached module whose attention drops out, run while another thread draws, is
+    refused: run once more, its own draw is seen, whatever the other thread drew."""
+    g = Graph.somatize(smt.ModuleNode(AttendsBeside(0.5)).named("beside").frozen().cached())
+    smt.freeze(g)
+    with pytest.raises(smt.FreezeError, match="drew from torch's random number generator"):
+        g.forward(Opaque(torch.randn(5, 4)), store=store)
 
 
 def test_a_frozen_module_that_draws_at_random_above_a_cached_one_is_refused(

@@ -49,7 +49,7 @@ from somatize_torch.rows import (
 )
 from somatize_torch.wrap import CachedInputNeedsGrad, WrapError
 from tests.decoding import NotesWidth
-from tests.drawing import DrawnBeside
+from tests.drawing import AttendsBeside, DrawnBeside
 from tests.forked import in_forked_child
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
@@ -3259,11 +3259,15 @@ def test_a_module_that_draws_at_random_is_refused(store: Store, rows: int, sprea
     cached.close()
 
 
-def test_a_module_run_while_another_thread_draws_is_cached(store: Store) -> None:
+@pytest.mark.parametrize("beside", [DrawnBeside, AttendsBeside])
+def test_a_module_run_while_another_thread_draws_is_cached(
+    store: Store, beside: type[nn.Module]
+) -> None:
     """A module that draws nothing, run while another thread draws from torch's generator
     (a loader fetching ahead that draws a crop), is not taken to draw: its rows are kept
-    and recalled."""
-    module = DrawnBeside()
+    and recalled. An attention with no dropout, whose kernel torch tags as one that may
+    draw, draws nothing."""
+    module = beside()
     cached = cache_rows(module, store)
     x = torch.randn(4, 4)
     first = cached(x)

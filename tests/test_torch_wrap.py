@@ -54,7 +54,7 @@ from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
 from tests.decoding import Decoder, NotesWidthThenHead, steps_alike
-from tests.drawing import DrawnBeside
+from tests.drawing import AttendsBeside, DrawnBeside
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
 M = TypeVar("M", bound=nn.Module)
@@ -10287,13 +10287,15 @@ def test_a_cached_module_that_draws_at_random_is_refused(
     assert "recalled" not in wrapped.counts.get("encoder", {})
 
 
+@pytest.mark.parametrize("encoder", [DrawnBeside, AttendsBeside])
 def test_a_cached_module_run_while_another_thread_draws_is_kept_and_recalled(
-    store: Store,
+    store: Store, encoder: type[nn.Module]
 ) -> None:
     """A cached module that draws nothing, run while another thread draws from torch's
     generator (another model sampling), is not taken to draw: its answer is kept, and
-    recalled."""
-    wrapped = smt.wrap(NoisyProbe(DrawnBeside), frozen=["encoder"], cached=["encoder"], store=store)
+    recalled. An attention with no dropout, whose kernel torch tags as one that may draw,
+    draws nothing."""
+    wrapped = smt.wrap(NoisyProbe(encoder), frozen=["encoder"], cached=["encoder"], store=store)
     smt.freeze(wrapped)
     x = torch.randn(3, 4)
     first = wrapped(x)
