@@ -244,7 +244,7 @@ class _Watched:
                 "written into), or drop it from `cached=`"
             )
         still = self.node.kept_as_keyed if self.node is not None else lambda: False
-        if drew_as_it_ran(self.module, args, generators, lambda: self.call(*args), still):
+        if drew_as_it_ran(self.module, args, generators, lambda copy: self.call(*copy), still):
             raise WrapError(
                 drew_at_random(
                     f"`{self.name}` is cached", "its answer", "the submodule from `cached=`"

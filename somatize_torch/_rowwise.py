@@ -75,10 +75,8 @@ def _compute(
     # in train mode meanwhile, a count the module keeps moved) are kept nowhere: computed
     # again or answered once (`_run`, `_recall_or_run`), whatever they drew.
     keyed = functools.partial(_still_keyed, self, watch)
-    if (
-        drew_as_it_ran(module, sub, generators, lambda: _answer(self, sub[:1].clone()), keyed)
-        and keyed()
-    ):
+    again = functools.partial(_answer, self)
+    if drew_as_it_ran(module, sub[:1], generators, again, keyed) and keyed():
         raise RowsError(
             drew_at_random(
                 f"`{type(module).__name__}` is cached per row",

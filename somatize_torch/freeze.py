@@ -52,7 +52,7 @@ import torch
 from torch import nn
 from torch.nn.parameter import is_lazy
 from torch.nn.utils import parametrize
-from torch.utils._pytree import tree_leaves
+from torch.utils._pytree import tree_leaves, tree_map
 
 import somatize
 from somatize import Graph, Node, Unbuildable, Undeclared
@@ -917,7 +917,11 @@ class ModuleNode(Node):
         # Weights or buffers the forward wrote into (a running sum added into a buffer).
         here.state_moved = still and state is not None and state.changed()
         if generators is not None and drew_as_it_ran(
-            self.module, x, generators, lambda: self._call_again(x, spread, ctx), self.kept_as_keyed
+            self.module,
+            x,
+            generators,
+            lambda y: self._call_again(y, spread, ctx),
+            self.kept_as_keyed,
         ):
             raise FreezeError(
                 drew_at_random(
@@ -1102,13 +1106,15 @@ def drew_as_it_ran(
     module: nn.Module,
     args: Any,
     generators: list[bytes],
-    again: Callable[[], object],
+    again: Callable[[Any], object],
     still: Callable[[], bool],
 ) -> bool:
-    """Whether a call of ``module`` on ``args`` drew from torch's generator as it ran:
-    the states of the generators it may draw from moved since ``generators``
-    (:func:`generator_states`, taken before it ran), and ``again`` (the call run again, on
-    one row where it is handed rows) draws in this thread. Those generators are the
+    """Whether a call of ``module`` on ``args`` (one row of them, where it is handed rows)
+    drew from torch's generator as it ran: the states of the generators it may draw from
+    moved since ``generators`` (:func:`generator_states`, taken before it ran), and
+    ``again``, the call run again on a copy of ``args`` (a forward that writes into what it
+    is handed writes into the copy, not twice into the caller's), draws in this thread.
+    Those generators are the
     process's: another thread drawing meanwhile (a loader fetching ahead that draws a
     crop, another model sampling) moves them as the module's own draw does, and only a
     draw of the call's own thread is the module's. A call that changed what the module
@@ -1122,7 +1128,7 @@ def drew_as_it_ran(
     seen = DrawsSeen()
     try:
         with seen, torch.no_grad():
-            again()
+            again(tree_map(lambda a: a.clone() if isinstance(a, torch.Tensor) else a, args))
     except Exception:
         return True
     return seen.drew

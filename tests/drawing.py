@@ -52,3 +52,10 @@ class AttendsBeside(DrawnBeside):
         h = super().forward(x)[:, None, :, None]  # one head of one token per feature
         attended = F.scaled_dot_product_attention(h, h, h, dropout_p=self.dropout)
         return attended[:, 0, :, 0]
+
+
+class WritesBeside(DrawnBeside):
+    """A :class:`DrawnBeside` that doubles its input in place before projecting it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.mul_(2))

@@ -43,7 +43,7 @@ from somatize._precision import precision_now
 from somatize.canonical import NotCanonical
 from somatize_torch.freeze import settings_of
 from tests.decoding import Decoder, NotesWidth, steps_alike
-from tests.drawing import AttendsBeside, CountedBeside, DrawnBeside
+from tests.drawing import AttendsBeside, CountedBeside, DrawnBeside, WritesBeside
 from tests.global_modules import CHANGES, normed_cell, scaled
 from tests.nodes import matmul_in_tf32
 
@@ -273,6 +273,19 @@ def test_a_module_that_changes_what_it_keeps_as_another_thread_draws_runs_once(
     with pytest.raises(smt.FreezeError, match="drew from torch's random number generator"):
         g.forward(Opaque(torch.randn(5, 4)), store=store)
     assert module.calls == 1
+
+
+def test_a_module_that_writes_into_its_input_as_another_thread_draws_writes_once(
+    store: Store,
+) -> None:
+    """A cached module that writes into what it is handed, run while another thread draws,
+    is run once more on a copy of it to see whether the draw is its own: the input is
+    written once, as it is where no other thread draws, not twice."""
+    g = Graph.somatize(smt.ModuleNode(WritesBeside()).named("beside").frozen().cached())
+    smt.freeze(g)
+    x = torch.ones(5, 4)
+    g.forward(Opaque(x), store=store)
+    assert torch.equal(x, torch.full((5, 4), 2.0))
 
 
 def test_an_attention_that_drops_out_as_another_thread_draws_is_refused(store: Store) -> None:

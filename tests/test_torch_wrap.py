@@ -54,7 +54,7 @@ from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
 from tests.decoding import Decoder, NotesWidthThenHead, steps_alike
-from tests.drawing import AttendsBeside, DrawnBeside
+from tests.drawing import AttendsBeside, DrawnBeside, WritesBeside
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 
 M = TypeVar("M", bound=nn.Module)
@@ -10301,6 +10301,22 @@ def test_a_cached_module_run_while_another_thread_draws_is_kept_and_recalled(
     first = wrapped(x)
     assert torch.equal(wrapped(x), first)
     assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
+def test_a_cached_module_that_writes_into_its_input_as_another_thread_draws_writes_once(
+    store: Store,
+) -> None:
+    """A cached module that writes into its input, run while another thread draws, is
+    refused for the write, and the input is written once, as where no other thread draws:
+    run once more to see whether the draw is its own, it runs on a copy of its input."""
+    wrapped = smt.wrap(
+        NoisyProbe(WritesBeside), frozen=["encoder"], cached=["encoder"], store=store
+    )
+    smt.freeze(wrapped)
+    x = torch.ones(3, 4)
+    with pytest.raises(smt.WrapError, match="wrote into argument 0 it was handed"):
+        wrapped(x)
+    assert torch.equal(x, torch.full((3, 4), 2.0))
 
 
 @dataclasses.dataclass
