@@ -433,6 +433,16 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
                 f"{size_of(done.kept)} kept{young}",
                 file=out,
             )
+            if done.unread_names:
+                listed = ", ".join(_printable(f"names/{n}") for n in done.unread_names)
+                print(
+                    f"kept {size_of(done.held_for_names)} of blobs nothing else refers to, for "
+                    f"the names that cannot be read or fail their check ({listed}): which "
+                    "blob each was bound to cannot be told, so none it may point at was "
+                    "removed. `somatize store verify` says what is wrong; move each aside "
+                    "with `verify --quarantine` (or bind it again), and gc removes them",
+                    file=out,
+                )
         elif args.command == "verify":
             found = store.verify(quarantine=args.quarantine, progress=bar)
             print(

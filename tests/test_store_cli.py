@@ -18,6 +18,7 @@ import pytest
 from somatize.cli import main, parse_size, size_of
 from somatize.store import LocalStore, Store, StoreError
 from tests.conftest_s3 import s3_options, s3_url
+from tests.test_store_upkeep import _damaged_name, _held, _plant
 
 KEY = "blake3:" + "ab" * 32
 REPO = Path(__file__).resolve().parent.parent
@@ -835,3 +836,39 @@ def test_a_directory_named_through_a_caching_layer_is_collected_and_verified_as_
     assert main(["store", "verify", "--store", where, "--quarantine"]) == 1
     assert "moved 2 aside into quarantine/" in capsys.readouterr().out
     assert main(["store", "verify", "--store", where]) == 0
+
+
+@pytest.mark.parametrize("home", ["local", "s3"])
+def test_gc_says_what_it_kept_for_a_name_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, home: str
+) -> None:
+    """`somatize store gc` meeting a name whose digest had a digit flipped drops answers as
+    asked but removes no blob the name may point at, and says which name and how much it
+    kept; once `verify --quarantine` moved the name aside, gc removes them."""
+    if home == "local":
+        store: Store = LocalStore(tmp_path / "store")
+        where = str(tmp_path / "store")
+    else:
+        where = s3_url()
+        store = Store.on_bucket(where, **s3_options())
+        _bare_s3(monkeypatch, tmp_path, credentials=True)
+    named = store.put(b"the training set")
+    store.bind("sms/train", named)
+    store.bind("sms/test", store.put(b"the test set"))
+    answered = store.keep(KEY, b"x" * 100, "plain").value
+    flipped = _damaged_name(_held(store, "names/sms/train"), "a digit flipped")
+    _plant(store, "names/sms/train", flipped)
+    gc = ["store", "gc", "--store", where, "--grace", "0", "--max-bytes", "0"]
+    assert main(gc) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "dropped 1 answers" in printed and "removed 0 blobs" in printed
+    assert f"kept {size_of(116)} of blobs nothing else refers to" in printed
+    assert "(names/sms/train)" in printed and "verify --quarantine" in printed
+    assert store.has_blob(named) and store.has_blob(answered)
+    assert main(["store", "verify", "--store", where, "--quarantine"]) == 1
+    assert "moved 1 aside" in capsys.readouterr().out
+    assert main(gc) == 0
+    printed = capsys.readouterr().out
+    assert "removed 2 blobs" in printed and "names/" not in printed
+    assert not store.has_blob(named) and not store.has_blob(answered)
+    assert bytes(store.get(store.resolve("sms/test"))) == b"the test set"

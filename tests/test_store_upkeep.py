@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 
 from somatize.cli import main
-from somatize.store import Corrupt, KeyMismatch, LocalStore, Missing, Store, StoreError
+from somatize.store import (
+    Corrupt,
+    KeyMismatch,
+    LocalStore,
+    Missing,
+    NameNotFound,
+    Store,
+    StoreError,
+)
 from somatize.store._packed import hash_bytes
 from somatize.store.records import NameSignedAlone, Signer
 from somatize.store.upkeep import Entry
@@ -721,17 +729,110 @@ def test_a_name_file_holding_another_names_binding_is_told_and_pins_its_blob(
 ) -> None:
     """A name's file copied from another name's (bound without a key) is reported by verify
     as holding another name's binding, and its blob is kept by gc all the same, though the
-    name it was bound for now points elsewhere: a name is never collected."""
+    name it was bound for now points elsewhere: a name is never collected, and one failing
+    its check keeps what it may point at. verify --quarantine moves it aside."""
     named = home.put(b"the training set")
     home.bind("data/v1", named)
     _plant(home, "names/data/v2", _held(home, "names/data/v1"))
     home.bind("data/v1", home.put(b"the training set, again"))
-    found = _reopen(home).verify(quarantine=True)
+    found = _reopen(home).verify()
     assert [(d.section, d.name) for d in found.damaged] == [("names", "data/v2")]
     assert "holds another name's binding" in found.damaged[0].why
     assert found.names == 2 and found.quarantined == []
-    _reopen(home).gc(0, grace=0)
+    assert _reopen(home).gc(0, grace=0).unread_names == ["data/v2"]
     assert bytes(_reopen(home).get(named)) == b"the training set"
+    assert _reopen(home).verify(quarantine=True).quarantined == ["names/data/v2"]
+
+
+def _damaged_name(data: bytes, damage: str) -> bytes:
+    """The bytes of a name's file ``data`` with ``damage`` done to them."""
+    if damage == "a digit flipped":
+        at = len("blake3:") + 10
+        return data[:at] + (b"0" if data[at : at + 1] != b"0" else b"1") + data[at + 1 :]
+    if damage == "cut short":
+        return data[:30]
+    return b"\xff\xfe\x00 not a name"
+
+
+def _with_a_damaged_name(home: Store, damage: str) -> tuple[str, str, str]:
+    """Binds `data/v1`, keeps an answer and puts a blob no one refers to, then damages the
+    name's file: the named blob, the answer's, and the loose one."""
+    named = home.put(b"the training set")
+    home.bind("data/v1", named)
+    answered = home.keep(key_of(1), b"an answer", "plain").value
+    loose = home.put(b"put, and never bound")
+    _plant(home, "names/data/v1", _damaged_name(_held(home, "names/data/v1"), damage))
+    return named, answered, loose
+
+
+@pytest.mark.parametrize("damage", ["a digit flipped", "cut short", "unreadable"])
+def test_gc_meeting_a_name_it_cannot_read_keeps_every_blob_a_name_may_point_at(
+    home: Store, damage: str
+) -> None:
+    """A name whose file is damaged (a digit of its digest flipped, cut short, garbled) may
+    point at any blob: gc keeps every blob that no record and no readable name refers to
+    (the named one, an answer's it dropped, one put and never bound), says which name it
+    could not read and how much it kept for it, and drops answers by budget as ever."""
+    named, answered, loose = _with_a_damaged_name(home, damage)
+    done = _reopen(home).gc(0, grace=0)
+    assert done.answers == 1 and done.blobs == 0
+    assert done.unread_names == ["data/v1"]
+    assert done.held_for_names == len(b"the training setan answerput, and never bound")
+    fresh = _reopen(home)
+    assert fresh.have([key_of(1)]) == set()
+    assert all(fresh.has_blob(blob) for blob in (named, answered, loose))
+    found = fresh.verify()
+    assert [(d.section, d.name) for d in found.damaged] == [("names", "data/v1")]
+
+
+@pytest.mark.parametrize(
+    ("damage", "mended"), [("a digit flipped", "quarantined"), ("cut short", "bound again")]
+)
+def test_a_name_quarantined_or_bound_again_lets_gc_collect_as_before(
+    home: Store, damage: str, mended: str
+) -> None:
+    """Once the damaged name is moved aside by verify --quarantine (it can still be looked
+    at in quarantine/) or bound again, gc removes the blobs nothing refers to as before."""
+    named, answered, loose = _with_a_damaged_name(home, damage)
+    if mended == "quarantined":
+        found = _reopen(home).verify(quarantine=True)
+        assert found.quarantined == ["names/data/v1"]
+        with pytest.raises(NameNotFound):
+            _reopen(home).resolve("data/v1")
+    else:
+        _reopen(home).bind("data/v1", named)
+    done = _reopen(home).gc(0, grace=0)
+    assert done.unread_names == [] and done.held_for_names == 0
+    fresh = _reopen(home)
+    assert not fresh.has_blob(answered) and not fresh.has_blob(loose)
+    assert fresh.has_blob(named) == (mended == "bound again")
+    assert fresh.verify().ok
+
+
+def test_a_signed_name_failing_its_signature_keeps_every_blob_a_name_may_point_at(
+    tmp_path: Path,
+) -> None:
+    """In a signed store, a name whose digest had a digit flipped fails its signature: gc
+    keeps what it may point at, until the name is bound again with the key; a name signed
+    over its digest alone (as an earlier somatize signed names) holds a good digest, and
+    stops nothing."""
+    store = LocalStore(tmp_path / "store", signing_key="team")
+    named = store.put(b"the training set")
+    store.bind("data/v1", named)
+    loose = store.put(b"put, and never bound")
+    name_file = tmp_path / "store" / "names" / "data" / "v1"
+    name_file.write_bytes(_damaged_name(name_file.read_bytes(), "a digit flipped"))
+    alone = named.encode() + b"\nmac:" + Signer("team").mac(named.encode()).hex().encode()
+    (tmp_path / "store" / "names" / "data" / "old").write_bytes(alone)
+    done = LocalStore(tmp_path / "store", signing_key="team").gc(grace=0)
+    assert done.unread_names == ["data/v1"] and done.blobs == 0
+    assert store.has_blob(named) and store.has_blob(loose)
+    LocalStore(tmp_path / "store", signing_key="team").bind("data/v1", named)
+    found = LocalStore(tmp_path / "store", signing_key="team").verify(quarantine=True)
+    assert [d.name for d in found.damaged] == ["data/old"] and found.quarantined == []
+    done = LocalStore(tmp_path / "store", signing_key="team").gc(grace=0)
+    assert done.unread_names == [] and done.blobs == 1
+    assert store.has_blob(named) and not store.has_blob(loose)
 
 
 def test_a_stray_file_in_names_is_listed_not_damage(home: Store) -> None:

@@ -610,7 +610,9 @@ class Store(abc.ABC):
         """Drops the least recently used answers until what is left holds at most
         ``max_bytes`` (None: drop no answer), then every blob nothing refers to and every
         abandoned write older than ``grace`` seconds. Names are never collected, nor what
-        they point at."""
+        they point at; while a name cannot be read (or fails its check), no blob that
+        nothing else refers to is removed, and the result says which names
+        (:attr:`Collected.unread_names`)."""
 
     @abc.abstractmethod
     def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:

@@ -11,7 +11,13 @@ command line passes tqdm's).
 were kept together and are used together). When a unit was last used is the
 later of its file's time and what the home remembers (a local store touches the
 file's time in batches; a bucket cannot, so it writes small ``used/`` logs).
-Names pin what they point at and are never collected. A blob nothing refers to
+Names pin what they point at and are never collected. A name whose file cannot be read, or
+fails its check or signature (a digit of its digest flipped, the file cut short or garbled),
+may have been bound to any blob: while one is there, a gc keeps every blob that nothing else
+refers to (no record or index, no name it can read), says which names it could not read
+(:attr:`Collected.unread_names`), and does the rest of its work as ever; ``check`` with
+``quarantine`` moves such a name aside (a name pointing at a missing blob stays: putting its
+bytes again mends it), and binding it again replaces it. A blob nothing refers to
 is removed only once it is older than ``grace`` seconds, because a writer elsewhere
 may have put it a moment ago and be about to publish the record that refers to it
 (the writes of the store object collecting are known to it, and left alone whatever
@@ -367,6 +373,15 @@ class Collected:
     """Bytes of blobs nothing refers to that are left because they are younger than
     ``grace`` (a writer elsewhere may be about to refer to them): a later ``gc`` removes
     them once they are older, unless something refers to them by then."""
+    unread_names: list[str] = field(default_factory=list)
+    """Names whose file could not be read, or failed its check or signature (a digit of its
+    digest flipped, cut short): the blob each was bound to cannot be told, so no blob that
+    one of them may point at was removed (:attr:`held_for_names`). ``verify`` says what is
+    wrong with each; once each is moved aside by ``verify(quarantine=True)``, or bound
+    again, a later ``gc`` removes those blobs as ever."""
+    held_for_names: int = 0
+    """Bytes of blobs that nothing else refers to (no record or pack index, no name that
+    could be read), old enough to be removed, left because of :attr:`unread_names`."""
 
 
 @dataclass
@@ -387,10 +402,33 @@ def _blob_of(held: Answer | PackIndex | str | Corrupt) -> str | None:
     return held.blob if isinstance(held, PackIndex) else held
 
 
-def _referred_since(shelf: Shelf, seen: dict[tuple[str, str], Entry]) -> set[str]:
+def _unread_name(held: Answer | PackIndex | str | Corrupt, untrusted: Corrupt | None) -> bool:
+    """Whether a name's file, read as ``held`` (and not trusted for ``untrusted``), cannot
+    say which blob it was bound to: it holds no digest, or its check or signature fails, so
+    the digest it holds may be damaged (a digit flipped). One signed over its digest alone
+    (:class:`NameSignedAlone`, as an earlier somatize signed names) holds the digest its
+    signature vouches for."""
+    if isinstance(held, Corrupt):
+        return True
+    return untrusted is not None and not isinstance(untrusted, NameSignedAlone)
+
+
+def _unread_names(read: Iterable[_Read]) -> list[str]:
+    """The names among ``read`` (strays aside: no name) that cannot say which blob they
+    were bound to (:func:`_unread_name`)."""
+    return [
+        r.entry.name
+        for r in read
+        if r.section == "names" and not r.stray and _unread_name(r.held, r.untrusted)
+    ]
+
+
+def _referred_since(shelf: Shelf, seen: dict[tuple[str, str], Entry]) -> tuple[set[str], list[str]]:
     """The blobs referred to by records, indexes and names written since ``seen`` was
-    listed (new files, or files that changed)."""
+    listed (new files, or files that changed), and those names among them that cannot say
+    which blob they were bound to."""
     out: set[str] = set()
+    fresh_reads: list[_Read] = []
     for section in _READ:
         entries, _ = _own_entries(shelf, section)
         fresh = [e for e in entries if seen.get((section, e.name)) != e]
@@ -398,10 +436,13 @@ def _referred_since(shelf: Shelf, seen: dict[tuple[str, str], Entry]) -> set[str
         for entry in fresh:
             data = found.get(entry.name)
             if data is not None:
-                blob = _blob_of(_decoded(section, entry.name, data, shelf.signer)[0])
+                held, untrusted = _decoded(section, entry.name, data, shelf.signer)
+                stray = not _named(section, entry.name)
+                fresh_reads.append(_Read(section, entry, held, untrusted, stray))
+                blob = _blob_of(held)
                 if blob is not None:
                     out.add(blob)
-    return out
+    return out, _unread_names(fresh_reads)
 
 
 def _by_age(entries: list[Entry], now: float, grace: float) -> tuple[list[Entry], list[Entry]]:
@@ -527,6 +568,7 @@ def _collect(
     ahead_of_clock.update(("blobs", e.name) for e in young if e.mtime > now)
     ahead_of_clock -= {(unit.section, unit.name) for unit in dropped["answers"] + dropped["packs"]}
     _stamp_kept(shelf, ahead_of_clock, now)
+    unread = _unread_names(read)
     if sweep:
         # Look again: a writer may have put one of these again (which touches it) and
         # published a record referring to it since the store was listed (a record spared
@@ -536,7 +578,9 @@ def _collect(
             for r in read
             if r.section != "answers" or r.entry.name not in spared
         }
-        held |= _referred_since(shelf, seen)
+        referred, unread_since = _referred_since(shelf, seen)
+        held |= referred
+        unread += unread_since
         now = time.time() - ahead
         again = {e.name: e for e in shelf._entries("blobs")}
         sweep, _ = _by_age(  # each as this last look found it
@@ -544,6 +588,12 @@ def _collect(
             now,
             grace,
         )
+    if unread:
+        # A name that cannot be read may point at any blob nothing else refers to: none is
+        # removed while it is there (a file in blobs/ laid out as no blob is none it names).
+        out.unread_names = sorted(set(unread))
+        out.held_for_names = sum(e.size for e in sweep if _laid_out("blobs", e.name))
+        sweep = [e for e in sweep if not _laid_out("blobs", e.name)]
     # Never a blob a keep of this store object is putting now, whatever the grace; one
     # put by another thread of it from now on waits until this removal is done.
     with shelf._removing_blobs({blob_digest(e.name) for e in sweep}) as free:
@@ -614,10 +664,12 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
     out = Verified()
     read = _read_all(shelf, wrap)  # first: a wrong key is refused before anything moves
 
-    def damaged(section: str, name: str, why: str, was: bytes | None = None) -> None:
-        """Reports ``section/name``; with ``quarantine`` moves it aside (a name stays: it
-        is told, never moved) — only while it holds ``was``, when that is given."""
-        if quarantine and section != "names":
+    def damaged(
+        section: str, name: str, why: str, was: bytes | None = None, aside: bool = True
+    ) -> None:
+        """Reports ``section/name``; with ``quarantine`` moves it aside, unless not
+        ``aside`` — only while it holds ``was``, when that is given."""
+        if quarantine and aside:
             try:
                 moved = shelf._quarantine(section, name, was)
             except StoreError as unmoved:
@@ -705,9 +757,14 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
         now = shelf._read_many(section, [entry.name]).get(entry.name)
         if now is None:
             continue
-        why = judged(section, entry.name, *_decoded(section, entry.name, now, shelf.signer), True)
+        held_now, untrusted_now = _decoded(section, entry.name, now, shelf.signer)
+        why = judged(section, entry.name, held_now, untrusted_now, True)
         if why is not None:
-            damaged(section, entry.name, why, now)
+            # A name is moved aside only when it cannot say which blob it was bound to (a
+            # gc keeps every blob such a name may point at while it is there); one that
+            # points at a missing blob stays, mended by putting those bytes again.
+            aside = section != "names" or _unread_name(held_now, untrusted_now)
+            damaged(section, entry.name, why, now, aside)
     out.abandoned = len(shelf._entries("tmp"))
     shelf._forget_all()
     return out
