@@ -277,6 +277,32 @@ def test_any_buffer_is_one_piece_never_iterated(home: Store) -> None:
         home.put([b"ab", "cd"])  # type: ignore[list-item]
 
 
+def test_pieces_of_a_generator_filling_one_buffer_are_kept_as_each_was_handed(
+    home: Store,
+) -> None:
+    """A generator that reads a file into one buffer again for each piece
+    (``f.readinto(buf)``, the way to stream a file) hands over views of that buffer:
+    put, keep and keep_many keep each piece as it held when it was handed over, not
+    what the buffer holds once the generator has ended (the last piece's bytes, over
+    and over)."""
+    import io
+
+    data = bytes(range(256)) * 40 + b"tail"
+
+    def chunks() -> Iterator[memoryview]:
+        source, buffer = io.BytesIO(data), bytearray(1000)
+        while count := source.readinto(buffer):
+            yield memoryview(buffer)[:count]
+
+    assert bytes(home.get(home.put(chunks()))) == data
+    home.keep(KEY, chunks(), "plain")
+    other = "blake3:" + "cd" * 32
+    home.keep_many([(other, chunks())], "plain")
+    fresh = reopen(home)
+    assert bytes(fresh.recall(KEY)[1]) == data
+    assert bytes(fresh.recall(other)[1]) == data
+
+
 def test_a_buffer_of_object_references_is_refused(home: Store) -> None:
     """A buffer whose items are references to Python objects (a numpy array of dtype
     object, a ctypes array of ``py_object``) holds addresses in this process, not the

@@ -120,7 +120,9 @@ def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
     typed or shaped buffer, of float64 values say, is taken as its bytes). Any object
     with the buffer protocol (bytes, an ``array.array``, a numpy array, an ``mmap``) is
     one piece, never iterated (an mmap would be one byte per piece); anything else is
-    an iterable of pieces."""
+    an iterable of pieces. A piece of an iterable other than a list or tuple (a
+    generator) that can change is copied as it is taken, before the next is asked for:
+    the iterable may fill one buffer again for each (``f.readinto(buf)``)."""
     if type(data) is list or type(data) is tuple:  # the usual: a few pieces, a row's one
         return [_flat(piece) for piece in data]
     if isinstance(data, (bytes, bytearray, memoryview)):
@@ -144,7 +146,13 @@ def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
         listed = iter(data)
     except TypeError:
         raise TypeError(f"{_KEPT}, got a `{type(data).__name__}`") from None
-    return [_flat(piece) for piece in listed]
+    return [_taken(_flat(piece)) for piece in listed]
+
+
+def _taken(piece: Buffer) -> Buffer:
+    """``piece``, handed over by an iterable that may write into it once asked for the next
+    one, as bytes that cannot change: itself when :func:`steady`, a copy otherwise."""
+    return piece if steady(piece) else bytes(piece)
 
 
 def joined_items(
