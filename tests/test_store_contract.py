@@ -303,6 +303,27 @@ def test_pieces_of_a_generator_filling_one_buffer_are_kept_as_each_was_handed(
     assert bytes(fresh.recall(other)[1]) == data
 
 
+def test_items_of_a_generator_filling_one_buffer_are_kept_each_under_its_key(
+    home: Store,
+) -> None:
+    """keep_many handed a generator of items that fills one buffer again for each item
+    keeps each item as its buffer held when it was handed over: never the last item's
+    bytes under every key."""
+    keys = [f"blake3:{i:064x}" for i in range(5)]
+
+    def items() -> Iterator[tuple[str, bytearray]]:
+        buffer = bytearray(8)
+        for index, key in enumerate(keys):
+            buffer[:] = f"item {index:03d}".encode()
+            yield key, buffer
+
+    home.keep_many(items(), "plain")  # type: ignore[arg-type]
+    fresh = reopen(home)
+    assert [bytes(fresh.recall(key)[1]) for key in keys] == [
+        f"item {index:03d}".encode() for index in range(5)
+    ]
+
+
 def test_a_buffer_of_object_references_is_refused(home: Store) -> None:
     """A buffer whose items are references to Python objects (a numpy array of dtype
     object, a ctypes array of ``py_object``) holds addresses in this process, not the

@@ -696,7 +696,12 @@ class PackedHome(Store):
         check_labels(codec, fingerprint)
         # Listed, and each item's pieces too, before anything is measured or written: an
         # item given as an iterator of pieces (a generator) would be used up by measuring it.
-        listed = [(key, pieces_of(data)) for key, data in items]
+        # Items an iterator hands over (a generator filling one buffer again for each) are
+        # taken as they are then, as the pieces of one are (see pieces_of).
+        if type(items) is list or type(items) is tuple:
+            listed = [(key, pieces_of(data)) for key, data in items]
+        else:
+            listed = [(key, list(map(_taken, pieces_of(data)))) for key, data in items]
         return keep_packed(self, listed, codec, fingerprint)
 
     def keep_joined(
