@@ -239,9 +239,10 @@ class Opaque:
     given, by name or as itself, must take the value as it would be picked for it (one
     of its types, and ``accepts``): a CodecError with its refusal otherwise.
     A tensor written behind torch's back (through ``.data``, ``.numpy()`` or DLPack,
-    into its storage with ``x.untyped_storage().copy_(...)`` or ``.fill_(...)``, or
-    through another tensor ``set_`` onto that storage) keeps its version counter: wrap a
-    new ``Opaque`` after such a write.
+    into the numpy array it was made from by ``torch.from_numpy``, into its storage with
+    ``x.untyped_storage().copy_(...)`` or ``.fill_(...)``, or through another tensor
+    ``set_`` onto that storage) keeps its version counter: wrap a new ``Opaque`` after
+    such a write.
     """
 
     __slots__ = ("_weighed", "codec", "value")

@@ -105,6 +105,7 @@ items) in :mod:`somatize._run`.
 from __future__ import annotations
 
 import _thread
+import inspect
 import operator
 import sys
 import threading
@@ -530,6 +531,16 @@ def _wanted(
         raise TypeError(
             f"watching= takes a function called with each fact (`facts.append`, `print`), "
             f"got {_describe(watching)}"
+        )
+    if inspect.iscoroutinefunction(watching) or inspect.iscoroutinefunction(
+        type(watching).__call__
+    ):
+        named = getattr(watching, "__qualname__", type(watching).__qualname__)
+        raise TypeError(
+            "watching= takes a function called with each fact, as the forward goes; an "
+            f"`async def` one (`{named}`) would only be made a coroutine that "
+            "nothing awaits: pass a plain function (one that puts each fact on a queue an "
+            "event loop reads, `loop.call_soon_threadsafe(queue.put_nowait, fact)`)"
         )
     if broker is not None and (
         isinstance(broker, type) or not callable(getattr(broker, "check", None))

@@ -484,8 +484,9 @@ def test_answer_with_no_codec_is_refused(store: Store) -> None:
 
 
 def test_what_watches_and_what_brokers_are_checked_before_anything_runs(store: Store) -> None:
-    """``watching=`` that is no function and ``broker=`` that is no broker are refused
-    saying what they take, before any node runs."""
+    """``watching=`` that is no function (or an ``async def`` one, which would make
+    coroutines nothing awaits) and ``broker=`` that is no broker are refused saying what
+    they take, before any node runs."""
     scale = Scale()
     g = Graph.somatize(scale.named("scale").frozen().cached())
     with pytest.raises(TypeError, match=r"watching= takes a function .* got a `str`"):
@@ -494,6 +495,17 @@ def test_what_watches_and_what_brokers_are_checked_before_anything_runs(store: S
         g.forward([1.0], store=store, broker="w1")
     with pytest.raises(TypeError, match=r"broker= takes .* got the class `Broker` itself"):
         g.forward([1.0], store=store, broker=Broker)
+
+    async def facts_later(fact: dict[str, Any]) -> None:
+        pass
+
+    class Awaited:
+        async def __call__(self, fact: dict[str, Any]) -> None:
+            pass
+
+    for watcher in (facts_later, Awaited()):
+        with pytest.raises(TypeError, match=r"an `async def` one .* pass a plain function"):
+            g.forward([1.0], store=store, watching=watcher)
     assert scale.calls == 0
 
 
