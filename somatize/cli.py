@@ -33,7 +33,7 @@ from typing import Any
 
 from somatize.errors import SomatizeError
 from somatize.store import BucketStore, LocalStore, StoreError
-from somatize.store.base import Answer, Corrupt, Missing, check_digest, check_name
+from somatize.store.base import Answer, Corrupt, Missing, NewerFormat, check_digest, check_name
 from somatize.store.records import KEY_VARIABLE, PackIndex, Unsigned, decode_pack
 from somatize.store.upkeep import Progress, contents, listing, survey
 
@@ -255,6 +255,9 @@ def _show(store: LocalStore | BucketStore, what: str, out: Any) -> int:
             file=sys.stderr,
         )
         return 1
+    except NewerFormat as why:
+        print(f"somatize store show: NEWER: {_printable(str(why))}", file=sys.stderr)
+        return 1
     except Corrupt as why:
         print(
             f"somatize store show: DAMAGED: {_printable(str(why))}; `somatize store verify "
@@ -453,6 +456,9 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
             for damage in found.damaged:
                 where = _printable(f"{damage.section}/{damage.name}")
                 print(f"DAMAGED {where}: {_printable(damage.why)}", file=out)
+            for newer in found.newer:
+                where = _printable(f"{newer.section}/{newer.name}")
+                print(f"newer   {where}: {_printable(newer.why)}", file=out)
             for where in found.stray:
                 if where.endswith("/"):
                     why = (

@@ -19,6 +19,7 @@ can catch either ``SomatizeError`` or, say, ``ValueError``::
     │   ├── NameNotFound (KeyError)
     │   ├── BadName (ValueError)
     │   └── Corrupt
+    │       └── NewerFormat
     ├── NodeFailed (RuntimeError)         somatize.engine
     │   └── FailedOnWorker                somatize.broker
     ├── WatcherFailed (RuntimeError)      somatize.engine

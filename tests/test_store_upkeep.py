@@ -4,6 +4,7 @@ never take what is wanted; and the newest answer for a key is the one served."""
 from __future__ import annotations
 
 import errno
+import json
 import multiprocessing
 import os
 import threading
@@ -13,6 +14,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 
 from somatize.cli import main
@@ -22,6 +24,7 @@ from somatize.store import (
     LocalStore,
     Missing,
     NameNotFound,
+    NewerFormat,
     Store,
     StoreError,
 )
@@ -907,6 +910,74 @@ def test_a_stray_copy_of_a_record_or_index_is_never_collected(home: Store) -> No
         assert again._read_many(section, [name])[name] == data
     assert again.answer(key) is None
     assert again.has_blob(blob)
+
+
+def _as_newer(home: Store) -> tuple[str, str, list[str]]:
+    """Keeps an answer and a pack, and writes their record and index over as a newer
+    somatize would (a later format version, and a field this one does not know): the
+    record's file, the index's file and the blobs they refer to."""
+    key = "blake3:" + "ab" * 32
+    blobs = [home.keep(key, b"kept whole", "plain").value]
+    items = [(f"blake3:{i:064x}", [b"item"]) for i in range(3)]
+    blobs.append(home.keep_many(items, "plain")[0].value)
+    shelf: Any = home
+    record = f"ab/{key[7:]}"
+    fields = json.loads(shelf._read_many("answers", [record])[record])
+    shelf._remove("answers", [record])
+    _plant(home, f"answers/{record}", json.dumps({**fields, "somatize": 2, "more": 1}).encode())
+    (index,) = shelf._entries("packs")
+    header, _, table = shelf._read_many("packs", [index.name])[index.name].partition(b"\n")
+    header = json.dumps({**json.loads(header), "pack": 2}).encode()
+    data = header + b"\n" + table
+    shelf._remove("packs", [index.name])
+    _plant(home, f"packs/{blake3.blake3(data).hexdigest()}", data)
+    return f"answers/{record}", f"packs/{blake3.blake3(data).hexdigest()}", blobs
+
+
+def test_what_a_newer_somatize_wrote_is_neither_damage_nor_collected(home: Store) -> None:
+    """A record and a pack index a newer somatize wrote, in a format version this one does
+    not read, are misses here, said as such (NewerFormat), not damage: verify lists them
+    apart and moves nothing aside, and gc, which cannot tell which blobs they refer to,
+    removes nothing, rather than remove them from under the somatize that reads them."""
+    record, index, blobs = _as_newer(home)
+    fresh: Any = _reopen(home)
+    if not isinstance(home, LocalStore):  # a cache holds the copies this somatize wrote
+        fresh = Store.on_bucket(fresh.url, **fresh.storage_options)
+    assert fresh.have(["blake3:" + "ab" * 32, f"blake3:{0:064x}"]) == set()
+    with pytest.raises(NewerFormat, match=r"newer somatize, in format version 2"):
+        fresh.recall("blake3:" + "ab" * 32)
+    found = _reopen(home).verify(quarantine=True)
+    assert found.ok and found.quarantined == [] and found.unmoved == {}
+    assert sorted(f"{n.section}/{n.name}" for n in found.newer) == sorted([record, index])
+    with pytest.raises(StoreError, match=r"nothing was collected.*2 of its records"):
+        _reopen(home).gc(0, grace=0)
+    again: Any = _reopen(home)
+    for relative in (record, index):
+        section, name = relative.split("/", 1)
+        assert again._read_many(section, [name])[name] is not None
+    assert all(again.has_blob(blob) for blob in blobs)
+
+
+def test_the_command_line_says_what_a_newer_somatize_wrote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`verify --quarantine` lists a record and an index a newer somatize wrote as newer, not
+    damaged, and exits 0; `show` says it is newer (not damage to move aside); `gc` exits 2,
+    saying why, and the store keeps them with their blobs."""
+    store = LocalStore(tmp_path / "store")
+    record, index, blobs = _as_newer(store)
+    where = str(store.root)
+    assert main(["store", "verify", "--store", where, "--quarantine"]) == 0
+    printed = capsys.readouterr().out
+    assert f"newer   {record}: " in printed and f"newer   {index}: " in printed
+    assert "DAMAGED" not in printed
+    assert main(["store", "show", "blake3:" + "ab" * 32, "--store", where]) == 1
+    said = capsys.readouterr().err
+    assert "NEWER" in said and "format version 2" in said and "quarantine" not in said
+    assert main(["store", "gc", "--store", where, "--grace", "0", "--max-bytes", "0"]) == 2
+    assert "written by a newer somatize" in capsys.readouterr().err
+    assert (store.root / record).exists() and (store.root / index).exists()
+    assert all(LocalStore(where).has_blob(blob) for blob in blobs)
 
 
 def test_names_laid_out_as_a_store_are_names(home: Store) -> None:

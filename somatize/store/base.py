@@ -59,6 +59,7 @@ __all__ = [
     "JoinedWrite",
     "Missing",
     "NameNotFound",
+    "NewerFormat",
     "Store",
     "StoreError",
     "StoreFull",
@@ -114,6 +115,29 @@ class Corrupt(StoreError):
     """Bytes in the store that are not what their name says: never handed over."""
 
 
+class NewerFormat(Corrupt):
+    """A record or pack index a newer somatize wrote, in a format this one does not read. It
+    is no damage: a reader takes it for a miss, as it does damage, but upkeep neither moves
+    it aside nor takes the blob it refers to for unused (``gc`` refuses to run, ``verify``
+    lists it in :attr:`~somatize.store.upkeep.Verified.newer`): the newer somatize sharing
+    the store reads it."""
+
+
+def check_version(version: Any, known: int, what: str) -> None:
+    """Nothing when ``version`` (what a file's ``somatize`` or ``pack`` field holds) is
+    ``known``, the version this somatize writes; :class:`NewerFormat` when it is a later
+    one; ValueError otherwise (not a version any somatize wrote: damage)."""
+    if type(version) is int and version == known:
+        return
+    if type(version) is int and version > known:
+        raise NewerFormat(
+            f"{what} was written by a newer somatize, in format version {version} (this one "
+            f"reads version {known}): it is no damage, and is a miss here. Read it, verify it "
+            "and collect the store with that somatize"
+        )
+    raise ValueError(f"version {version!r}")
+
+
 class StoreFull(StoreError):
     """A write found no space (disk or quota full); nothing half-written was left behind."""
 
@@ -153,8 +177,7 @@ class Answer:
         """The record in ``data``; :class:`Corrupt` unless it is whole and about ``key``."""
         try:
             record = json.loads(data)
-            if record.pop("somatize") != RECORD_VERSION:
-                raise ValueError(f"record version {record.get('somatize')!r}")
+            check_version(record.pop("somatize"), RECORD_VERSION, f"the answer record of {key}")
             answer = Answer(
                 key=str(record["key"]),
                 value=str(record["value"]),

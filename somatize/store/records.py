@@ -67,6 +67,7 @@ from somatize.store.base import (
     StoreError,
     check_digest,
     check_digests,
+    check_version,
     moment,
 )
 
@@ -461,8 +462,8 @@ def decode_pack(pack_id: str, data: bytes, signer: Signer | None) -> PackIndex:
     line, _, rest = data.partition(b"\n")
     try:
         header = json.loads(line)
-        if header["somatize"] != RECORD_VERSION or header["pack"] != PACK_VERSION:
-            raise ValueError(f"version {header['somatize']}/{header['pack']}")
+        check_version(header["somatize"], RECORD_VERSION, f"pack index {pack_id}")
+        check_version(header["pack"], PACK_VERSION, f"pack index {pack_id}")
         count = int(header["count"])
         signed = bool(header["signed"])
         blob = check_digest(str(header["blob"]))

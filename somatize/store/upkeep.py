@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from somatize._numbers import finite
-from somatize.store.base import Answer, BadName, Corrupt, StoreError, check_name
+from somatize.store.base import Answer, BadName, Corrupt, NewerFormat, StoreError, check_name
 from somatize.store.records import (
     KEY_VARIABLE,
     KeyMismatch,
@@ -351,6 +351,21 @@ def _check_key(shelf: Shelf, read: list[_Read]) -> None:
         )
 
 
+def _refuse_newer(shelf: Shelf, read: list[_Read]) -> None:
+    """Refuses a collection of a store holding records or pack indexes a newer somatize
+    wrote: which blobs they refer to cannot be told here, so they would be taken for unused
+    and removed from under the somatize that reads them."""
+    newer = [r for r in read if isinstance(r.held, NewerFormat) and not r.stray]
+    if newer:
+        first = newer[0]
+        raise StoreError(
+            f"nothing was collected in {shelf._where}: {len(newer)} of its records and pack "
+            "indexes were written by a newer somatize, and which blobs they refer to cannot "
+            "be told here, so they would be removed from under it. The first, "
+            f"{first.section}/{first.entry.name}: {first.held}"
+        )
+
+
 @dataclass
 class Collected:
     """What :func:`collect` removed and what it left."""
@@ -480,7 +495,8 @@ def collect(
     """Drops least-recently-used answers down to ``max_bytes``, then unreferenced blobs
     older than ``grace`` seconds and abandoned writes older than ``abandoned_after``
     (default ``grace``); see the module docstring. Not ``check_key``: what another key
-    signed is not refused (a cache of copies only, emptied whatever signed them)."""
+    signed, or a newer somatize wrote, is not refused (a cache of copies only, emptied
+    whatever wrote them)."""
     if max_bytes is not None and not (finite(max_bytes) and max_bytes >= 0):
         raise ValueError(
             "max_bytes is a finite number of bytes ≥ 0 (what is left after the least "
@@ -526,6 +542,8 @@ def _collect(
     units: list[_Unit] = []
     ahead_of_clock: set[tuple[str, str]] = set()
     read = _read_all(shelf, wrap, check_key)
+    if check_key:
+        _refuse_newer(shelf, read)
     for section, entry, held_here, _, stray, _ in read:
         blob = _blob_of(held_here)
         if section == "names" or stray:  # a stray record or index (a copy kept by hand)
@@ -651,6 +669,10 @@ class Verified:
     in ``names/``, not named as a name can be (nothing resolves them, and ``gc``, which
     collects nothing there, leaves them). A folder that holds another store is one entry,
     ``section/folder/`` (ending in ``/``): none of its files are read, nor collected."""
+    newer: list[Damage] = field(default_factory=list)
+    """Records and pack indexes a newer somatize wrote, in a format this one does not read
+    (:class:`~somatize.store.base.NewerFormat`), and why: no damage, never moved aside.
+    That somatize verifies them; ``gc`` refuses to run while they are there."""
 
     @property
     def ok(self) -> bool:
@@ -740,6 +762,9 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
     for section, entry, held_here, untrusted, stray_here, _ in read:
         if stray_here:
             out.stray.append(f"{section}/{entry.name}")
+            continue
+        if isinstance(held_here, NewerFormat):
+            out.newer.append(Damage(section, entry.name, str(held_here)))
             continue
         whole_file = untrusted is None and not isinstance(held_here, Corrupt)
         if section == "names":
