@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from somatize.codecs import Unreadable
 from somatize_torch._codec_tree import _read_json, _tree
 from somatize_torch.digest import DTYPES
 
@@ -132,8 +133,8 @@ def _read_header(raw: bytes) -> _Header:
         kind = meta["kind"]
     except (ValueError, KeyError, TypeError, AttributeError) as why:
         raise ValueError(f"the header of a tensor answer cannot be read ({why})") from None
-    if kind not in _KINDS or meta.get("format") != _FORMAT:
-        raise ValueError(f"a tensor answer of an unknown kind or format: {meta!r}")
+    if meta.get("format") != _FORMAT or kind not in _KINDS:
+        _unknown_format(meta)
     names = sorted(header)
     expected = {"tensor": ["tensor"], "dict": names}.get(kind) or sorted(
         str(i) for i in range(len(header))
@@ -147,6 +148,13 @@ def _read_header(raw: bytes) -> _Header:
     tensors = []
     spans = []
     for name, entry in header.items():
+        code = entry.get("dtype") if isinstance(entry, dict) else None
+        if isinstance(code, str) and code not in _BY_CODE:
+            raise Unreadable(
+                f"tensor {name!r} of a tensor answer is of dtype {code[:40]!r}, which this "
+                f"process (torch {torch.__version__}) has none of: a later torch or somatize "
+                "wrote it. The answer is whole, and computed again here"
+            )
         try:
             dtype = _BY_CODE[entry["dtype"]]
             shape = _whole_numbers(entry["shape"], "shape")
@@ -175,6 +183,27 @@ def _read_header(raw: bytes) -> _Header:
         raise ValueError("a tensor answer holds bytes no tensor claims: it is damaged")
     end = max((end for _, end in spans), default=0)
     return _Header(kind, tensors, devices, end, order, tree, dims)
+
+
+def _unknown_format(meta: dict[str, Any]) -> None:
+    """Refuses a tensor answer whose header names a format or kind this somatize does not
+    write: :class:`~somatize.codecs.Unreadable` where a later one wrote it (a later version
+    of the format, a kind it names), so the answer is said whole and computed again;
+    ValueError, damage, for anything else."""
+    format, kind = meta.get("format"), meta.get("kind")
+    prefix, _, version = format.rpartition("/") if isinstance(format, str) else ("", "", "")
+    if prefix == _FORMAT.rpartition("/")[0] and version.isdigit() and version.isascii():
+        if int(version) > int(_FORMAT.rpartition("/")[2]):
+            raise Unreadable(
+                f"a tensor answer was written by a later somatize, in format {format!r} (this "
+                f"one reads {_FORMAT!r}): the answer is whole, and computed again here"
+            )
+        if format == _FORMAT and isinstance(kind, str):
+            raise Unreadable(
+                f"a tensor answer is of kind {kind[:40]!r}, which a later somatize writes and "
+                "this one does not read: the answer is whole, and computed again here"
+            )
+    raise ValueError(f"a tensor answer of an unknown kind or format: {str(meta)[:200]}")
 
 
 def _whole_numbers(raw: Any, what: str, length: int | None = None) -> list[int]:

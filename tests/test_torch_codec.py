@@ -421,6 +421,32 @@ def test_a_namedtuple_whose_class_is_not_loaded_is_an_answer_that_cannot_be_read
     assert type(smt.TENSOR.decode(memoryview(data))) is Pair
 
 
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda h: h["tensor"].update(dtype="F4_E2M1"), "of dtype 'F4_E2M1', which this process"),
+        (lambda h: h["__metadata__"].update(format="somatize/tensor/2"), "later somatize"),
+        (lambda h: h["__metadata__"].update(kind="sparse"), "of kind 'sparse'"),
+    ],
+    ids=["dtype", "format", "kind"],
+)
+def test_an_answer_a_later_torch_or_somatize_wrote_is_unreadable_not_damaged(
+    change: Any, said: str
+) -> None:
+    """A tensor answer of a dtype this torch has none of (one a later torch added), or of a
+    later version of the format, or of a kind a later somatize writes, is whole: it is
+    Unreadable, saying so, which the engine computes again as an ``unreadable`` answer, not
+    a damaged one. A format or kind that is no somatize's is damage, as ever."""
+    with pytest.raises(Unreadable, match=re.escape(said)):
+        smt.TENSOR.decode(_patched(torch.arange(4.0), change))
+    for other in ("safetensors/1", "somatize/tensor/x", "somatize/tensor/0"):
+        with pytest.raises(ValueError, match="unknown kind or format") as why:
+            smt.TENSOR.decode(
+                _patched(torch.arange(4.0), lambda h, f=other: h["__metadata__"].update(format=f))
+            )
+        assert not isinstance(why.value, Unreadable)
+
+
 class _Paired(Node):
     """Answers a namedtuple whose module it loads only when it runs."""
 
@@ -456,6 +482,35 @@ def test_an_answer_whose_namedtuple_is_not_loaded_is_unreadable_not_corrupt(
         assert graph.record.outcome["pair"] == "recalled"
     finally:
         sys.modules.pop(module.__name__, None)
+
+
+class _Counted(Node):
+    """A tensor of ``x`` elements."""
+
+    def forward(self, x: int, ctx: Any) -> torch.Tensor:
+        return torch.arange(float(x))
+
+
+def test_an_answer_of_a_dtype_this_torch_has_not_is_computed_as_unreadable(
+    store: Store,
+) -> None:
+    """An answer kept by a later torch, of a dtype this one has none of, is computed again
+    with an ``unreadable`` fact that names the dtype, not a ``corrupt`` one: nothing in the
+    store is damaged or set aside."""
+    graph = Graph.somatize(_Counted().named("counted").frozen().cached())
+    graph.forward(4, store=store)
+    (record,) = [p for p in (Path(store.root) / "answers").rglob("*") if p.is_file()]
+    fields = json.loads(record.read_bytes())
+    data = bytes(_patched(torch.arange(4.0), lambda h: h["tensor"].update(dtype="F8_E9M9")))
+    digest = store.put(data)
+    record.write_bytes(json.dumps({**fields, "value": digest, "bytes": len(data)}).encode())
+    seen: list[dict[str, Any]] = []
+    assert torch.equal(
+        graph.forward(4, store=Store(str(store.root)), watching=seen.append), torch.arange(4.0)
+    )
+    assert [f["fact"] for f in seen][:3] == ["unreadable", "ran", "kept"]
+    assert "'F8_E9M9'" in seen[0]["why"]
+    assert not (Path(store.root) / "quarantine").exists()
 
 
 class _PairedItems(Node):
