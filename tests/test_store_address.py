@@ -3,7 +3,10 @@ never a signing key, and a store opened from it reaches the same answers."""
 
 from __future__ import annotations
 
+import copy
+import pickle
 import shutil
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +129,35 @@ def test_a_signed_store_opens_only_with_its_key(tmp_path: Path) -> None:
         Store.from_address(address, environ={})
     with pytest.raises(KeyMismatch, match=r"with another key than SOMATIZE_STORE_KEY holds"):
         Store.from_address(address, environ={KEY: "not-it"})
+
+
+def test_a_signed_store_pickled_carries_a_fingerprint_never_the_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A signed store pickled (``torch.save`` of a model holding a row cache of it) carried
+    its signing key into the file, for whoever reads the checkpoint. It carries the key's
+    fingerprint: loaded, it signs with the environment's key where that is the store's,
+    and is refused without it. A copy in this process, and one handed to a process that
+    ``multiprocessing`` starts from it (a spawned DataLoader worker), keep the key."""
+    secret = "the-signing-secret-1234"
+    monkeypatch.delenv(KEY, raising=False)
+    store = LocalStore(tmp_path / "store", signing_key=secret)
+    bucket = Store.on_bucket(
+        f"file://{tmp_path / 'bucket'}", cache=tmp_path / "cache", signing_key=secret
+    )
+    for kept in (store, bucket):
+        pickled = pickle.dumps(kept)
+        assert secret.encode() not in pickled
+        with pytest.raises(KeyMismatch, match=r"pickled .* with the fingerprint of its signing"):
+            pickle.loads(pickled)
+        monkeypatch.setenv(KEY, "not-it")
+        with pytest.raises(KeyMismatch, match=r"with another key than SOMATIZE_STORE_KEY holds"):
+            pickle.loads(pickled)
+        monkeypatch.setenv(KEY, secret)
+        _meet(kept, pickle.loads(pickled))
+        monkeypatch.delenv(KEY)
+        _meet(kept, copy.deepcopy(kept))
+        _meet(kept, pickle.loads(ForkingPickler.dumps(kept)))
 
 
 def test_an_unsigned_store_opens_unsigned_whatever_the_environment(tmp_path: Path) -> None:

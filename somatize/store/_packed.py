@@ -74,6 +74,7 @@ from somatize.store.base import (
     check_labels,
 )
 from somatize.store.records import (
+    Fingerprinted,
     PackIndex,
     Signer,
     decode_pack,
@@ -384,6 +385,9 @@ class PackedHome(Store):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        signer: Signer | Fingerprinted | None = self.signer
+        if isinstance(signer, Fingerprinted):  # pickled without its key: this process's
+            self.signer = signer.signer(self._where)
         self._hold_nothing()
 
     def _in_flight_nothing(self) -> None:

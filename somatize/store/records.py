@@ -34,8 +34,9 @@ lacks a valid one (:class:`Unsigned`, a kind of :class:`Corrupt`: a miss that is
 recomputed, never an answer handed over). Blobs need no signature: a signed
 record names the blob by its digest, and the blob is checked against it.
 
-The key itself never leaves the process that holds it. What another process is
-told about it (a store's address, :meth:`Store.address`) is its **fingerprint**:
+The key itself never leaves the process that holds it, but for the children that
+``multiprocessing`` starts from it. What another process is told about it (a store's
+address, :meth:`Store.address`, and a store pickled) is its **fingerprint**:
 the hash of an HMAC of a fixed label under the key, which says whether two keys
 are the same and nothing else — a process with the same key in its own
 ``SOMATIZE_STORE_KEY`` finds the same fingerprint (:func:`signer_matching`); one
@@ -55,6 +56,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
 from typing import Protocol
 
 import blake3
@@ -73,6 +75,7 @@ from somatize.store.base import (
 
 __all__ = [
     "KEY_VARIABLE",
+    "Fingerprinted",
     "KeyMismatch",
     "NameSignedAlone",
     "PackIndex",
@@ -174,6 +177,50 @@ class Signer:
 
     def __repr__(self) -> str:
         return "Signer(<secret>)"
+
+    def __reduce__(self) -> tuple[type[Fingerprinted], tuple[str]]:
+        # Pickled (`torch.save` of a model holding a store, `pickle.dumps`) as its
+        # fingerprint alone, never the key, which a file would carry to whoever reads it.
+        return Fingerprinted, (self.fingerprint,)
+
+    def __copy__(self) -> Signer:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Signer:
+        return self  # a copy in this process (an EMA of a model holding a store) signs on
+
+
+def _with_key(signer: Signer) -> tuple[type[Signer], tuple[bytes]]:
+    """How a signer travels to a process that ``multiprocessing`` starts from this one (a
+    spawned DataLoader worker, a rank of ``ddp_spawn``): with its key, through the pipe to
+    that child, as the store handed to it was opened here."""
+    return Signer, (signer._key,)
+
+
+ForkingPickler.register(Signer, _with_key)
+
+
+@dataclass(frozen=True)
+class Fingerprinted:
+    """What an unpickled store holds of its signer until it is set up: the fingerprint of
+    the key it signed with, which the store exchanges for ``$SOMATIZE_STORE_KEY`` where
+    that is the same key (:meth:`signer`)."""
+
+    fingerprint: str
+
+    def signer(self, where: str) -> Signer:
+        """The signer of ``$SOMATIZE_STORE_KEY`` for the store at ``where``; KeyMismatch
+        when this process holds no such key, so it cannot sign what the store's readers
+        accept, as when the store is opened from its address."""
+        try:
+            found = signer_matching(self.fingerprint, where)
+        except KeyMismatch as why:
+            raise KeyMismatch(
+                f"{why}. A store is pickled (`torch.save` of a model holding it) with the "
+                "fingerprint of its signing key, never the key itself"
+            ) from None
+        assert found is not None  # a fingerprint is set
+        return found
 
 
 def signer_from(
