@@ -4,6 +4,7 @@ never a signing key, and a store opened from it reaches the same answers."""
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 import shutil
 from multiprocessing.reduction import ForkingPickler
@@ -114,6 +115,23 @@ def test_a_signing_key_that_is_no_str_or_bytes_is_refused(tmp_path: Path, key: A
         Store.on_bucket("memory://somatize/keyed", signing_key=key)
     raw = LocalStore(tmp_path / "raw", signing_key=bytearray(b"s3cret")).address()
     assert raw is not None and raw == LocalStore(tmp_path / "raw", signing_key="s3cret").address()
+
+
+def test_a_signing_key_of_bytes_no_text_spells_is_the_bytes_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key of random bytes set in the environment (``head -c 32 /dev/urandom``), which
+    Python holds as text with lone surrogates, raised a raw UnicodeEncodeError at every
+    store opened. It is the bytes set, as the same bytes passed as ``signing_key=`` are;
+    text no bytes spell is refused, saying so."""
+    raw = b"ab\xff\xfecd"
+    monkeypatch.setenv(KEY, os.fsdecode(raw))
+    store = LocalStore(tmp_path / "store")
+    assert store.address() == LocalStore(tmp_path / "store", signing_key=raw).address()
+    assert store.address()["signed"] is not None
+    _meet(store, Store.from_address(store.address()))
+    with pytest.raises(ValueError, match=r"signing key .* lone surrogate"):
+        LocalStore(tmp_path / "store", signing_key="ab\ud800")
 
 
 def test_a_signed_store_opens_only_with_its_key(tmp_path: Path) -> None:

@@ -146,7 +146,13 @@ class Signer:
 
     def __init__(self, key: str | bytes) -> None:
         if isinstance(key, str):
-            raw = key.encode()
+            try:  # bytes no text spells, set in the environment, are held as surrogates
+                raw = key.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:
+                raise ValueError(
+                    "a store signing key holds a lone surrogate, which no bytes spell; pass "
+                    "the secret's text, or its bytes"
+                ) from None
         elif isinstance(key, (bytes, bytearray, memoryview)):
             raw = bytes(key)
         else:  # bytes(5) would be five zero bytes, bytes(True) one: a key nobody meant
