@@ -16,12 +16,12 @@ slot holds no less than the ``__dict__`` does. These are re-exported by
 from __future__ import annotations
 
 import contextlib
-import threading
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from somatize import canonical
+from somatize._threads import ProcessLock
 
 __all__ = [
     "UNSET",
@@ -128,8 +128,9 @@ def digest_of(value: Any) -> str | None:
         return None
 
 
-_HOLDING = threading.Lock()
-"""Held while a :class:`Holding` is made or looked at."""
+_HOLDING = ProcessLock()
+"""Held while a :class:`Holding` is made or looked at: unheld in a forked child (a
+DataLoader worker forked as another thread runs a node), which runs nodes too."""
 
 
 class Holding:

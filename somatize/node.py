@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import threading
 import unicodedata
 import weakref
 from collections import Counter
@@ -89,6 +88,7 @@ from somatize._held import (
     running_here,
     slots_of,
 )
+from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
 
 __all__ = [
@@ -1079,7 +1079,9 @@ _MAKERS: weakref.WeakKeyDictionary[type, int | None] = weakref.WeakKeyDictionary
 :func:`_watch_making` wraps for it (None: none is), not that class, which may be the class
 itself: held here, it would never be freed (a notebook's cell run again makes its classes
 anew)."""
-_MAKERS_LOCK = threading.Lock()
+_MAKERS_LOCK = ProcessLock()
+"""Held while a constructor is wrapped (:func:`_watch_making`): unheld in a forked child
+(a DataLoader worker forked as another thread makes a node), which makes nodes too."""
 
 
 def _maker_of(kind: type) -> type | None:

@@ -26,11 +26,11 @@ from __future__ import annotations
 import itertools
 import math
 import struct
-import threading
 from typing import Any, NamedTuple
 
 import torch
 
+from somatize._threads import ProcessLock
 from somatize.codecs import Unreadable
 from somatize_torch._codec_tree import _read_json, _tree
 from somatize_torch.digest import DTYPES
@@ -67,7 +67,9 @@ _HEADERS: dict[bytes, _Header] = {}
 reads and checks each one once."""
 _HEADERS_HELD = [0]
 """How many bytes the keys of :data:`_HEADERS` hold."""
-_HEADERS_LOCK = threading.Lock()
+_HEADERS_LOCK = ProcessLock()
+"""Held while :data:`_HEADERS` is changed: unheld in a forked child (a DataLoader worker
+forked as another thread reads an answer), which reads answers too."""
 _KEPT_UP_TO = 64 << 10
 """The longest header kept: a row's, or an answer's of a few hundred tensors. A longer
 one (only a value of very many tensors writes one) is read again at each recall."""

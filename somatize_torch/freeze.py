@@ -57,6 +57,7 @@ from torch.utils._pytree import tree_leaves, tree_map
 import somatize
 from somatize import Graph, Node, Unbuildable, Undeclared
 from somatize._precision import keyed_by_precision
+from somatize._threads import ProcessLock
 from somatize.canonical import NotCanonical
 from somatize.catalog import identity_of, nameless_because
 from somatize.errors import SomatizeError, SomatizeWarning
@@ -440,7 +441,10 @@ _taken: weakref.WeakValueDictionary[int, AsFound] = weakref.WeakValueDictionary(
 """Each module taken as found sharing parts (:meth:`AsFound.take`), by its id, until it is
 put back."""
 
-_taken_lock = threading.Lock()
+_taken_lock = ProcessLock()
+"""Held while :data:`_taken` is changed or looked at: unheld in a forked child (a
+DataLoader worker forked as another thread lets go of a frozen part), which holds and
+lets go of parts too."""
 
 
 def _as_had(

@@ -4,9 +4,11 @@ file cut short as it is hashed is an error, not a crash (SIGBUS) of the process.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,28 @@ def _run(target: Callable[..., Any], args: tuple[Any, ...], results: Any) -> Non
 
     torch.set_num_threads(1)  # as a DataLoader worker does: torch's own pool stays behind
     results.put(target(*args))
+
+
+@contextlib.contextmanager
+def held_elsewhere(lock: Any) -> Iterator[None]:
+    """While in the block, ``lock`` is held by another thread of this process, as one of
+    its threads may hold it as the process forks (a thread that stays behind in the
+    parent)."""
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with lock:
+            held.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert held.wait(10)
+        yield
+    finally:
+        done.set()
+        holder.join()
 
 
 needs_fork = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")

@@ -504,30 +504,17 @@ def test_a_batch_the_forward_refuses_is_not_named_ahead(kind: str) -> None:
         cached(x)
 
 
-def _hold(lock: Any, held: threading.Event, done: threading.Event) -> None:
-    with lock:
-        held.set()
-        done.wait(30)
-
-
 def test_a_child_forked_while_a_thread_holds_the_names_lock_does_not_wait_on_it() -> None:
     """A child forked while another thread of its parent held the lock over the rows named
     ahead (a thread that stays behind in the parent) gets that lock afresh: its forwards
     answer, where they waited for good on a lock nobody in the child would let go."""
-    from tests.forked import in_forked_child
+    from tests.forked import held_elsewhere, in_forked_child
 
     cached = cache_rows(encoder(), None)
     x = torch.randn(8, 3, 32, 32)
     assert cached.name_ahead(x)
-    held, done = threading.Event(), threading.Event()
-    holder = threading.Thread(target=_hold, args=(cached._named_lock, held, done))
-    holder.start()
-    try:
-        assert held.wait(10)
+    with held_elsewhere(cached._named_lock):
         assert in_forked_child(_forward_in_child, cached, x, timeout=60)
-    finally:
-        done.set()
-        holder.join()
 
 
 def test_a_loop_under_inference_mode_names_in_the_forward(warm: CachedRows) -> None:

@@ -446,32 +446,19 @@ def _counts_in_child(wrapped: smt.Wrapped, x: torch.Tensor) -> dict[str, int]:
     return dict(wrapped.counts["encoder"])
 
 
-def _hold(lock: Any, held: threading.Event, done: threading.Event) -> None:
-    with lock:
-        held.set()
-        done.wait(30)
-
-
 def test_a_child_forked_while_a_thread_counts_calls_its_wrapped_model(store: Store) -> None:
     """A child forked while another thread of its parent was counting a call (a DataLoader
     worker forked as a thread runs the model) counts its own calls: the lock held over the
     counts is its own there, where it waited for good on one nobody in it would let go."""
     from somatize_torch.wrap import _COUNTING
-    from tests.forked import in_forked_child
+    from tests.forked import held_elsewhere, in_forked_child
 
     wrapped = _wrapped(store)
     x = torch.randn(4, 6)
     wrapped(x)
-    held, done = threading.Event(), threading.Event()
-    holder = threading.Thread(target=_hold, args=(_COUNTING, held, done))
-    holder.start()
-    try:
-        assert held.wait(10)
+    with held_elsewhere(_COUNTING):
         counted = in_forked_child(_counts_in_child, wrapped, x, timeout=30)
-        assert counted == {"ran": 1, "kept": 1, "recalled": 1}
-    finally:
-        done.set()
-        holder.join()
+    assert counted == {"ran": 1, "kept": 1, "recalled": 1}
 
 
 _IN_CALL, _LEAVE_CALL = threading.Event(), threading.Event()
