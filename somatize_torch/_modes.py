@@ -81,7 +81,7 @@ import torch
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from somatize._threads import start_thread
+from somatize._threads import ProcessLock, start_thread
 from somatize_torch._errors import exporting_elsewhere
 from somatize_torch._text_flow import TEXT_METHODS, asked_at, kept_per_argument_at
 
@@ -1411,11 +1411,71 @@ def _importing() -> bool:
     return False
 
 
-_ABSENT = object()
+_ABSENT: Any = object()
 _DisableAutocast: Callable[[], Any] = torch._C._DisableAutocast
 """Autocast off on every device (and said to be off), while it is held."""
-_installing = threading.RLock()
-"""Held while a thread traces: another one waits to replace what this one replaced."""
+_installing = ProcessLock()
+"""Held while a thread traces: another one waits to replace what this one replaced. A
+forked child gets it unheld, with what a thread of its parent's trace replaced put back
+(:func:`swapped`)."""
+
+_SWAPPED: list[Callable[[], None]] = []
+"""What the trace under way changed for every thread, as the calls that put each back,
+innermost last (:func:`swapped`): only the thread holding :data:`_installing` adds to it."""
+
+
+@contextmanager
+def swapped(put_back: Callable[[], None]) -> Iterator[None]:
+    """Within a trace (:data:`_installing` held), around a block that changes what every
+    thread sees (a function replaced, a class's lookup, the model's train mode):
+    ``put_back`` puts it back as the block ends, and in a child forked meanwhile
+    (:func:`put_back_in_child`)."""
+    with put_back_in_child(put_back):
+        try:
+            yield
+        finally:
+            put_back()
+
+
+@contextmanager
+def put_back_in_child(put_back: Callable[[], None]) -> Iterator[None]:
+    """Within a trace (:data:`_installing` held), around a block that changes what every
+    thread sees: ``put_back`` puts it back in a child forked meanwhile by another thread
+    (a DataLoader worker forked as a server thread traces), which has no thread to end
+    the block, as it starts (:func:`_put_back_in_child`): the child's own calls would go
+    through what the trace put in, and its own trace would take that for what it
+    replaces. The fork may come at any point of the block, and of what puts it back
+    there: ``put_back`` puts back what was changed so far, and again what was put back."""
+    try:
+        _SWAPPED.append(put_back)
+        yield
+    finally:
+        if put_back in _SWAPPED:
+            _SWAPPED.remove(put_back)
+
+
+def _put_back_in_child() -> None:
+    """Runs in a forked child, on its only thread, before the fork returns there: what the
+    trace of another thread of the parent changed for every thread is put back, innermost
+    first. A trace of the thread that forked goes on in the child, and puts back its own."""
+    if _installing.held_here():
+        return
+    while _SWAPPED:
+        _SWAPPED.pop()()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_put_back_in_child)
+
+
+def _put(owner: Any, name: str, was: Any) -> None:
+    """Gives ``owner`` back ``was`` as its own ``name``: none of its own where ``was`` is
+    ``_ABSENT`` (it had none), whether it has one now or not."""
+    if was is _ABSENT:
+        if name in vars(owner):
+            delattr(owner, name)
+    else:
+        setattr(owner, name, was)
 
 
 @contextmanager
@@ -1438,20 +1498,22 @@ def recording(tracer: fx.Tracer, model: torch.nn.Module) -> Iterator[None]:
     plain = _as_a_plain_call() if outer is None else nullcontext()
     with _installing, plain:
         replaced: list[tuple[Any, str, Any]] = []
-        try:
+
+        def put_back() -> None:
+            while replaced:
+                _put(*replaced[-1])
+                replaced.pop()
+
+        with swapped(put_back):
             for owner, name, instead in _replacements(model):
                 replaced.append((owner, name, owner.__dict__.get(name, _ABSENT)))
                 setattr(owner, name, _replaced(getattr(owner, name), instead))
             _here.recorder = _Recorder(tracer)
-            with _Draws():
-                yield
-        finally:
-            _here.recorder = outer
-            for owner, name, was in reversed(replaced):
-                if was is _ABSENT:
-                    delattr(owner, name)
-                else:
-                    setattr(owner, name, was)
+            try:
+                with _Draws():
+                    yield
+            finally:
+                _here.recorder = outer
     for node in list(tracer.graph.nodes):  # modes read by blocks that never put them back
         if node.op == "call_function" and node.target is grad_enabled and not node.users:
             tracer.graph.erase_node(node)

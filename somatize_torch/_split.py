@@ -50,13 +50,23 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import torch
 import torch.fx._symbolic_trace
 from torch import fx, nn
+from torch.fx import _symbolic_trace
 from torch.fx.passes.split_module import split_module
 from torch.utils._pytree import tree_unflatten
 
 from somatize import Node
 from somatize_torch._cached import _Cached, _Declared, _Watched
 from somatize_torch._errors import Untraceable, WrapError
-from somatize_torch._modes import _OURS, RECORDED, Fixed, in_torch, module_answering, recording
+from somatize_torch._modes import (
+    _OURS,
+    RECORDED,
+    Fixed,
+    in_torch,
+    module_answering,
+    put_back_in_child,
+    recording,
+    swapped,
+)
 from somatize_torch._parts import _MISSING, _part, _Read
 from somatize_torch._values import Noted, reading
 from somatize_torch.freeze import ModuleNode
@@ -337,19 +347,25 @@ def _traced(
     modes = [(module, module.training) for module in model.modules()]
     tracer = _Tracer(leaves)
     tracer.containers = frozenset(containers)
+
+    def put_modes_back() -> None:
+        for module, was in modes:
+            object.__setattr__(module, "training", was)
+
     try:
-        for module, _ in modes:
-            object.__setattr__(module, "training", training and id(module) not in held_eval)
-        with (
-            recording(tracer, model),
-            reading(model, tracer.held) as noted,
-            warnings.catch_warnings(),
-            _reached(concrete or {}) as reached,
-        ):
-            # fx cannot check a value it fixes other than a plain one (an Enum member)
-            # in the code, and says so; the wrapped model picks the code by the values.
-            warnings.filterwarnings("ignore", "Was not able to add assertion")
-            graph = tracer.trace(model, concrete_args=dict(concrete) if concrete else None)
+        with recording(tracer, model), swapped(put_modes_back):
+            for module, _ in modes:
+                object.__setattr__(module, "training", training and id(module) not in held_eval)
+            with (
+                reading(model, tracer.held) as noted,
+                warnings.catch_warnings(),
+                _reached(concrete or {}) as reached,
+                put_back_in_child(_fx_put_back()),
+            ):
+                # fx cannot check a value it fixes other than a plain one (an Enum member)
+                # in the code, and says so; the wrapped model picks the code by the values.
+                warnings.filterwarnings("ignore", "Was not able to add assertion")
+                graph = tracer.trace(model, concrete_args=dict(concrete) if concrete else None)
     except Exception as error:
         frames = [
             f
@@ -418,9 +434,6 @@ def _traced(
         refused.branched = branched
         refused.where = where
         raise refused from error
-    finally:
-        for module, was in modes:
-            object.__setattr__(module, "training", was)
     if noted.wrote:
         wrote, _ = next(iter(noted.wrote.values()))
         path, name = wrote.read.path, wrote.read.name
@@ -931,6 +944,29 @@ def _reached(concrete: Mapping[str, Any]) -> Iterator[_Reached]:
         yield found
     finally:
         put(was)
+
+
+def _fx_put_back() -> Callable[[], None]:
+    """What puts back what fx changes for every thread as it traces, from here on: how
+    every module is called and read (``nn.Module.__call__``, ``__getattr__``), the
+    functions it wraps where the forward finds them (``math``'s), and its flag that it
+    traces (``is_fx_tracing``). fx puts them back itself as its trace ends: this is for a
+    child forked meanwhile (:func:`~somatize_torch._modes.put_back_in_child`)."""
+    patcher, flag = (
+        getattr(_symbolic_trace, "CURRENT_PATCHER", None),
+        _symbolic_trace._is_fx_tracing_flag,
+    )
+
+    def put_back() -> None:
+        now = getattr(_symbolic_trace, "CURRENT_PATCHER", None)
+        if now is not None and now is not patcher:
+            for patch in reversed(now.patches_made):
+                with contextlib.suppress(KeyError):  # one that deletes, and deleted already
+                    patch.revert()
+            _symbolic_trace.CURRENT_PATCHER = patcher
+        _symbolic_trace._is_fx_tracing_flag = flag
+
+    return put_back
 
 
 def _holds_a_stand_in(value: Any, depth: int = 0) -> bool:

@@ -63,7 +63,7 @@ from somatize.catalog import (
     watch_code,
 )
 from somatize_torch._errors import WrapError
-from somatize_torch._modes import in_torch, read_by
+from somatize_torch._modes import _ABSENT, _put, in_torch, read_by, swapped
 from somatize_torch._settings import (
     _NUMERIC,
     _PLAIN_TYPES,
@@ -75,8 +75,6 @@ from somatize_torch._settings import (
     _made_of,
     _same_items,
 )
-
-_ABSENT: Any = object()
 
 _SHOWN = reprlib.Repr()
 _SHOWN.maxstring = _SHOWN.maxother = 60
@@ -288,30 +286,42 @@ def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Itera
     ]
     replaced: list[tuple[type, Any, Any]] = []
     unwatched: list[tuple[Any, dict[str, Any]]] = []
-    try:
+
+    def put_back() -> None:
+        for held, was in unwatched:
+            _note_changed(noted, held, was)
+        while replaced:  # noted before it is replaced: a fork may come between
+            kind, own_read, own_write = replaced[-1]
+            _put(kind, "__getattribute__", own_read)
+            _put(kind, "__setattr__", own_write)
+            replaced.pop()
+        noted.put_back()
+
+    with swapped(put_back):
         for kind, own_read, own_write, read, write in before:
+            replaced.append((kind, own_read, own_write))
             try:
                 kind.__getattribute__ = _noting_reads(read, noted, held, thread)  # type: ignore[method-assign]
                 kind.__setattr__ = _noting_writes(write, noted, thread)  # type: ignore[method-assign,assignment]
             except TypeError:
                 _put(kind, "__getattribute__", own_read)
-                continue
-            replaced.append((kind, own_read, own_write))
+                replaced.pop()
         unseen: set[type] = set()
         for kind in held_kinds:
             own_read = vars(kind).get("__getattribute__", _ABSENT)
             read = cast("Callable[[Any, str], Any]", kind.__getattribute__)
             own_write = vars(kind).get("__setattr__", _ABSENT)
             write = cast("Callable[[Any, str, Any], None]", kind.__setattr__)
+            replaced.append((kind, own_read, own_write))
             try:
                 setattr(kind, "__getattribute__", _noting_object_reads(read, noted, thread))  # noqa: B010
             except TypeError:  # nothing was set
+                replaced.pop()
                 unseen.add(kind)  # a class written in C (`types.SimpleNamespace`)
                 continue
-            replaced.append((kind, own_read, own_write))
             kind.__setattr__ = _noting_writes(write, noted, thread)  # type: ignore[assignment]
         # What the objects whose assignments cannot be noted as they are made hold now.
-        unwatched = [
+        unwatched += [
             (held, dict(object.__getattribute__(held, "__dict__")))
             for held in objects
             if type(held) in unseen
@@ -319,21 +329,6 @@ def reading(model: nn.Module, held: Callable[[str], Any] | None = None) -> Itera
         yield noted
         if unseen:
             _read_whole(noted, unseen)
-    finally:
-        for held, was in unwatched:
-            _note_changed(noted, held, was)
-        for kind, own_read, own_write in reversed(replaced):
-            _put(kind, "__getattribute__", own_read)
-            _put(kind, "__setattr__", own_write)
-        noted.put_back()
-
-
-def _put(kind: type, name: str, value: Any) -> None:
-    if value is _ABSENT:
-        if name in vars(kind):
-            delattr(kind, name)
-    else:
-        setattr(kind, name, value)
 
 
 def _noting_reads(

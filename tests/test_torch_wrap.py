@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import builtins
 import collections
 import contextlib
 import copy
@@ -462,29 +463,32 @@ def test_a_child_forked_while_a_thread_counts_calls_its_wrapped_model(store: Sto
 
 
 _IN_CALL, _LEAVE_CALL = threading.Event(), threading.Event()
+_ISINSTANCE = builtins.isinstance
 
 
 class _WaitsInCall(nn.Module):
-    """Run on a thread named ``in-call``, says so and waits to go on."""
+    """Run on a thread named ``in-call``, says so and waits to go on; ``in_train``, only
+    in train mode (traced into, in the middle of the trace of train mode)."""
 
-    def __init__(self) -> None:
+    def __init__(self, in_train: bool = False) -> None:
         super().__init__()
         self.linear = nn.Linear(4, 4)
+        self.in_train = in_train
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if threading.current_thread().name == "in-call":
+        if threading.current_thread().name == "in-call" and (self.training or not self.in_train):
             _IN_CALL.set()
             _LEAVE_CALL.wait(30)
         return self.linear(x)
 
 
 class ConfiguredWaits(nn.Module):
-    """Branches on its config's flag after a part that may wait in a call."""
+    """Branches on its config's flag after a part that may wait in a call (``encoder``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, encoder: nn.Module | None = None) -> None:
         super().__init__()
         self.config = _Config()
-        self.encoder = _WaitsInCall()
+        self.encoder = _WaitsInCall() if encoder is None else encoder
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.encoder(x)
@@ -525,6 +529,60 @@ def test_a_child_forked_while_a_thread_is_in_a_call_traces_its_wrapped_model_aga
     finally:
         _LEAVE_CALL.set()
         calling.join()
+    assert torch.equal(torch.tensor(answer), expected)
+
+
+def _replaced_in_child() -> list[str]:
+    """What a trace replaces for every thread that is not what it is outside a trace."""
+    from torch.fx import _symbolic_trace
+
+    found = [
+        ("isinstance", builtins.isinstance, _ISINSTANCE),
+        ("Module.__call__", nn.Module.__call__, _symbolic_trace._orig_module_call),
+        ("Linear.__getattribute__", vars(nn.Linear).get("__getattribute__"), None),
+        ("is_fx_tracing", _symbolic_trace._is_fx_tracing_flag, False),
+    ]
+    return [name for name, now, was in found if now is not was]
+
+
+def _traced_in_child(wrapped: smt.Wrapped, x: torch.Tensor) -> tuple[Any, ...]:
+    replaced = _replaced_in_child()
+    training = [module.training for module in wrapped.model.modules()]
+    answer = _flagged_in_child(wrapped, x)
+    return replaced, training, answer, _replaced_in_child()
+
+
+def test_a_child_forked_while_a_thread_traces_traces_its_wrapped_model(store: Store) -> None:
+    """A child forked while another thread of its parent traces the wrapped model (a
+    DataLoader worker forked as a server thread makes the model's first call) traces it
+    itself and answers as the model does, where it waited for good on the lock the trace
+    held; and what that trace replaced for every thread (Python's ``isinstance``, how fx
+    calls modules, the model's train mode for the trace of the other mode) is put back
+    there, rather than left for the child's own calls to go through."""
+    from tests.forked import in_forked_child
+
+    torch.manual_seed(0)
+    model = ConfiguredWaits(_WaitsInCall(in_train=True)).eval()
+    wrapped = smt.wrap(model, frozen=["encoder.linear"], cached=["encoder.linear"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    model.config.flag = True  # traced again, by the thread's call
+    with torch.no_grad():
+        expected = model(x)
+    _IN_CALL.clear()
+    _LEAVE_CALL.clear()
+    calling = threading.Thread(target=_flagged_in_child, args=(wrapped, x + 1), name="in-call")
+    calling.start()
+    try:
+        assert _IN_CALL.wait(10)
+        replaced, training, answer, after = in_forked_child(
+            _traced_in_child, wrapped, x, timeout=30
+        )
+    finally:
+        _LEAVE_CALL.set()
+        calling.join()
+    assert replaced == after == []
+    assert not any(training)
     assert torch.equal(torch.tensor(answer), expected)
 
 
