@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 import pickle
 import re
 import struct
@@ -225,6 +226,65 @@ def test_names_side_by_side_and_a_folder_of_names(home: Store) -> None:
     home.bind("a", digest)
     with pytest.raises(BadName, match="cannot also hold names under it"):
         home.bind("a/b/c", digest)
+
+
+def test_a_folder_a_quarantine_emptied_of_names_may_be_bound_as_a_name(home: Store) -> None:
+    """Damaged names moved aside by verify --quarantine leave no empty folder of names
+    behind them, in every home alike: a name is bound at the path of a folder that held
+    only them (`data` once `data/v1` is aside, `a` once `a/b/c` is), while a folder still
+    holding a name stays, and refuses one at its path."""
+    digest = home.put(b"rows")
+    for name in ("data/v1", "a/b/c", "keep/v1", "keep/v2"):
+        home.bind(name, digest)
+    for name in ("data/v1", "a/b/c", "keep/v1"):
+        overwrite(home, f"names/{name}", b"garbled")
+    found = reopen(home).verify(quarantine=True)
+    assert sorted(found.quarantined) == ["names/a/b/c", "names/data/v1", "names/keep/v1"]
+    again = reopen(home)
+    again.bind("data", digest)
+    again.bind("a", digest)
+    with pytest.raises(BadName, match="cannot also hold names under it"):
+        again.bind("keep", digest)
+    fresh = reopen(home)
+    assert [fresh.resolve(name) for name in ("data", "a", "keep/v2")] == [digest] * 3
+    assert fresh.verify().ok
+
+
+@pytest.mark.parametrize("kind", ["local", "file"])
+def test_a_bind_whose_folder_a_quarantine_removes_as_it_renames_is_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A verify --quarantine elsewhere that moves the last name of `data/` aside removes the
+    folder, which may happen just after a bind of `data/v2` made it for its name and before
+    it renames the name into it: the bind makes it again, and the name is bound."""
+    store = dict(STORES)[kind](tmp_path)
+    digest = store.put(b"rows")
+    removed: list[str] = []
+
+    def removed_once(folder: str) -> None:
+        if folder.rstrip("/").endswith("/names/data") and not removed:
+            os.rmdir(folder)  # as the folder's last name is moved aside elsewhere
+            removed.append(folder)
+
+    if isinstance(store, LocalStore):
+        make_folder = LocalStore._make_folder
+
+        def made(self: LocalStore, folder: str) -> None:
+            make_folder(self, folder)
+            removed_once(folder)
+
+        monkeypatch.setattr(LocalStore, "_make_folder", made)
+    else:
+        assert isinstance(store, BucketStore)
+        makedirs = store.fs.makedirs
+
+        def made_dirs(path: str, exist_ok: bool = False) -> None:
+            makedirs(path, exist_ok=exist_ok)
+            removed_once(path)
+
+        monkeypatch.setattr(store.fs, "makedirs", made_dirs)
+    store.bind("data/v2", digest)
+    assert removed and reopen(store).resolve("data/v2") == digest
 
 
 def test_a_name_too_long_for_a_file_is_refused_alike(home: Store) -> None:

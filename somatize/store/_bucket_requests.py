@@ -51,6 +51,11 @@ _READ_AT_ONCE = 128
 
 _DELETE_AT_ONCE = 1000
 """The most keys one bulk delete of S3 takes."""
+
+_RENAMES = 4
+"""How many times a write on a plain filesystem renames its file into a folder that is
+removed each time before the rename (see :meth:`BucketRequests._rename`)."""
+
 _DELETE_AGAIN = {"InternalError", "SlowDown", "ServiceUnavailable", "RequestTimeout"}
 """Why S3 did not delete a key in a bulk delete, when asking again may do it."""
 
@@ -506,8 +511,7 @@ class BucketRequests(PackedHome):
         try:
             self._call(f"writing {target}", upload)
             if not self._atomic:
-                self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-                self.fs.mv(path, target)
+                self._rename(path, target)
         except BaseException as why:
             if not self._atomic:
                 with contextlib.suppress(OSError):  # gone already, or tidied by a gc
@@ -518,6 +522,20 @@ class BucketRequests(PackedHome):
                     raise self._no_bucket(bucket) from why
                 raise StoreError(f"writing {target} on {self.url} failed: {why}") from why
             raise
+
+    def _rename(self, path: str, target: str) -> None:
+        """Renames ``path`` (in ``tmp/``) to ``target`` on a plain filesystem, into its
+        folder, made first: made again when it is gone as the file is renamed, removed by a
+        ``verify`` elsewhere moving the last name out of it aside (a folder of ``names/``
+        left empty refuses a name bound at its path), up to :data:`_RENAMES` times."""
+        for attempt in range(_RENAMES):
+            try:
+                self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+                self.fs.mv(path, target)
+                return
+            except FileNotFoundError:
+                if attempt == _RENAMES - 1 or not self.fs.exists(path):
+                    raise
 
     def _stream(self, path: str, pieces: Sequence[Buffer], size: int) -> None:
         """Uploads ``pieces`` to ``path`` through a file, committed only once every piece is

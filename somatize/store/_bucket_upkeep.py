@@ -31,7 +31,7 @@ from typing import Any
 from somatize.store._bucket_requests import BucketRequests
 from somatize.store._local_upkeep import _set_times
 from somatize.store._packed import hash_bytes
-from somatize.store.base import StoreError, check_digest, moment
+from somatize.store.base import StoreError, check_digest, moment, prune_above
 from somatize.store.local import LocalStore
 from somatize.store.upkeep import Collected, Entry, Progress, collect
 
@@ -355,7 +355,18 @@ class BucketShelf(BucketRequests):
         self._rm(f"removing from {section}", same)
         gone = {paths[path] for path in same}
         self._removed(section, gone)
+        if section == "names":
+            for name in gone:
+                self._prune_names(name)
         return gone
+
+    def _prune_names(self, name: str) -> None:
+        """On a plain filesystem (``file://``), removes the folders of ``names/`` above
+        ``name`` left empty, as a local store does (:func:`prune_above`); a bind that finds
+        one gone as it renames its name into it makes it again (:meth:`_rename`). An object
+        store keeps no folder."""
+        if not self._atomic:
+            prune_above(name, lambda folder: self.fs.rmdir(self._path("names", folder)))
 
     def _quarantine(self, section: str, name: str, was: bytes | None = None) -> bool | None:
         """Given ``was``, the file is read again first and left if it changed: a bucket has
@@ -380,6 +391,8 @@ class BucketShelf(BucketRequests):
             return False  # removed meanwhile (a gc elsewhere): nothing is left to move
         finally:
             self._forget_all()
+        if section == "names":
+            self._prune_names(name)
         return True
 
     def _move(self, source: str, target: str, what: str) -> None:

@@ -381,15 +381,25 @@ class LocalFiles(PackedHome):
         Durable, the folder it is renamed into is synced, and where that folder was made for
         it (the first file of a shard), each folder above it up to the store's: a folder made
         is an entry of the one above it, and the rename may be lost with it at a power cut,
-        leaving a record whose blob is not there."""
+        leaving a record whose blob is not there. A folder of ``names/`` made for it may be
+        removed before the rename, by a ``verify`` elsewhere moving the last name out of it
+        aside (:meth:`_prune_names`): it is made again, up to :data:`_WRITES` times."""
         try:
             made = False
-            try:
-                os.replace(temporary, target)
-            except FileNotFoundError:
-                self._make_folder(os.path.dirname(target))
-                os.replace(temporary, target)
-                made = True
+            for attempt in range(_WRITES + 1):
+                try:
+                    os.replace(temporary, target)
+                    break
+                except FileNotFoundError:
+                    if attempt == _WRITES or not os.path.exists(temporary):
+                        raise
+                try:
+                    self._make_folder(os.path.dirname(target))
+                    made = True
+                except FileNotFoundError:
+                    if not os.path.isdir(self.root):
+                        raise
+                    # A folder above it was removed while it was made: made again.
             if self.durable:
                 self._sync_folders(target, above=made)
         except OSError as why:

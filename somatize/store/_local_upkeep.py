@@ -42,7 +42,7 @@ from somatize.store._local_files import (
     _read_file,
 )
 from somatize.store._packed import hash_bytes
-from somatize.store.base import StoreError
+from somatize.store.base import StoreError, prune_above
 from somatize.store.upkeep import Entry, _laid_out, blob_digest
 
 
@@ -358,7 +358,23 @@ class LocalShelf(LocalFiles):
     def _quarantine(self, section: str, name: str, was: bytes | None = None) -> bool | None:
         """Given ``was``, the file is moved aside and compared there: one a writer published
         anew since it was judged is put back (never over one published since), and None
-        said."""
+        said. A name moved aside takes the folders of ``names/`` it leaves empty with it."""
+        moved = self._set_aside_as_judged(section, name, was)
+        if moved and section == "names":
+            self._prune_names(name)
+        return moved
+
+    def _prune_names(self, name: str) -> None:
+        """Removes the folders of ``names/`` above ``name`` left empty (:func:`prune_above`);
+        a bind that finds one gone as it renames its name into it makes it again
+        (:meth:`_place`)."""
+        names = self._section("names")
+        prune_above(name, lambda folder: os.rmdir(names / folder))
+
+    def _set_aside_as_judged(
+        self, section: str, name: str, was: bytes | None = None
+    ) -> bool | None:
+        """Moves ``section/name`` aside, as :meth:`_quarantine` says."""
         path = str(self._section(section) / name)
         try:
             moved = self._set_aside(path, section, name.replace("/", "_"))

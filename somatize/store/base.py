@@ -368,6 +368,20 @@ def names_above(name: str) -> list[str]:
     return ["/".join(parts[:depth]) for depth in range(1, len(parts))]
 
 
+def prune_above(name: str, remove_folder: Callable[[str], None]) -> None:
+    """Removes the folder of each name ``name`` lies under (``data`` for ``data/v1``, its
+    file moved aside) that holds nothing now, nearest first, by ``remove_folder`` (which
+    removes only an empty one, OSError otherwise): a folder left empty refuses a name bound
+    at its path, as a folder of names. The first that holds a name (bound since), or is
+    gone, stops it; a bind that made one a moment before, and finds it gone as it renames
+    its name into it, makes it again."""
+    for folder in reversed(names_above(name)):
+        try:
+            remove_folder(folder)
+        except OSError:
+            return
+
+
 def nested(name: str, above: str | None) -> BadName:
     """The refusal of ``name``, which lies under the name ``above`` (or, for None, has
     names under it): a name is one file under ``names/``, in every home alike, so it cannot
