@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import blake3
 import numpy
@@ -285,6 +285,26 @@ def test_a_bind_whose_folder_a_quarantine_removes_as_it_renames_is_bound(
         monkeypatch.setattr(store.fs, "makedirs", made_dirs)
     store.bind("data/v2", digest)
     assert removed and reopen(store).resolve("data/v2") == digest
+
+
+@pytest.mark.parametrize("kind", ["local", "file"])
+def test_a_name_at_the_path_of_an_empty_folder_of_names_is_refused_leaving_nothing(
+    tmp_path: Path, kind: str
+) -> None:
+    """A name bound where an empty folder of names lies (one made by hand) is refused as a
+    folder of names, and nothing of it is left in that folder: no file written for it,
+    which verify would report as a damaged name and gc keep every blob for."""
+    store = dict(STORES)[kind](tmp_path)
+    digest = store.put(b"rows")
+    root = store.root if isinstance(store, LocalStore) else Path(cast(BucketStore, store).root)
+    (root / "names" / "data").mkdir(parents=True)
+    with pytest.raises(BadName, match="cannot also hold names under it"):
+        store.bind("data", digest)
+    assert not any((root / "names" / "data").iterdir())
+    fresh = reopen(store)
+    assert fresh.verify().ok
+    fresh.bind("data/v1", digest)
+    assert reopen(store).resolve("data/v1") == digest
 
 
 def test_a_name_too_long_for_a_file_is_refused_alike(home: Store) -> None:

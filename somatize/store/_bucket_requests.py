@@ -527,10 +527,14 @@ class BucketRequests(PackedHome):
         """Renames ``path`` (in ``tmp/``) to ``target`` on a plain filesystem, into its
         folder, made first: made again when it is gone as the file is renamed, removed by a
         ``verify`` elsewhere moving the last name out of it aside (a folder of ``names/``
-        left empty refuses a name bound at its path), up to :data:`_RENAMES` times."""
+        left empty refuses a name bound at its path), up to :data:`_RENAMES` times. A
+        folder at ``target`` (names bound under a name's path) is IsADirectoryError: a move
+        puts a file into a folder named as its target."""
         for attempt in range(_RENAMES):
             try:
                 self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+                if self.fs.isdir(target):
+                    raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), target)
                 self.fs.mv(path, target)
                 return
             except FileNotFoundError:

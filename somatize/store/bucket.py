@@ -761,7 +761,12 @@ class BucketStore(BucketShelf):
             bucket = self._missing_bucket()
             raise unbacked(name, digest, self.url) if bucket is None else self._no_bucket(bucket)
         data = encode_name(name, digest, self.signer)
-        self._write(self._path("names", name), [data])
+        try:
+            self._write(self._path("names", name), [data])
+        except IsADirectoryError:
+            # On a plain filesystem, a folder at its path: names bound under it meanwhile,
+            # or a folder of names left empty (as a local store refuses it too).
+            raise nested(name, None) from None
         clash = self._nesting(name)
         if clash is not None:
             self._drop("names", {name: data})  # its own, unless bound again meanwhile
