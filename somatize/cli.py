@@ -34,6 +34,7 @@ from typing import Any
 from somatize.errors import SomatizeError
 from somatize.store import BucketStore, LocalStore, StoreError
 from somatize.store.base import Answer, Corrupt, Missing, NewerFormat, check_digest, check_name
+from somatize.store.local import _holds_store
 from somatize.store.records import KEY_VARIABLE, PackIndex, Unsigned, decode_pack
 from somatize.store.upkeep import Progress, contents, listing, survey
 
@@ -131,11 +132,19 @@ _LEFT_AS_IT_WAS = {
 }
 """What each command did not do at a bucket prefix holding no store, as its refusal says."""
 
+_A_STORE_HOLDS = (
+    "blobs/, and answers/, packs/ or names/; or, once its upkeep emptied those, what verify "
+    "moved aside in quarantine/"
+)
+"""What a store's directory or prefix holds (:func:`somatize.store.base.holds_store`), as a
+refusal of one holding none says."""
+
 
 def _open(where: str, command: str) -> LocalStore | BucketStore:
     """The store at ``where``; a directory (a path, or a ``file://`` or ``local://`` URL)
     must hold one already (``blobs/``, and ``answers/``, ``packs/`` or ``names/``: a store
-    made through a ``file://`` bucket that holds only names has no ``answers/``), and so
+    made through a ``file://`` bucket that holds only names has no ``answers/``; or, once
+    its upkeep emptied those, what ``verify`` moved aside in ``quarantine/``), and so
     must a bucket's prefix, in a bucket that exists, since every command reads a store and
     a mistyped path should not become an empty store reported healthy (nor a gc remove a
     user's files). A ``memory://`` store lives in one process, so
@@ -162,9 +171,9 @@ def _open(where: str, command: str) -> LocalStore | BucketStore:
             )
         if not bucket._holds_store():
             raise StoreError(
-                f"{where} is not a store: it holds no store (a store's prefix holds blobs/, "
-                f"and answers/, packs/ or names/), so {_LEFT_AS_IT_WAS[command]}. Name an "
-                "existing store with --store or $SOMATIZE_STORE"
+                f"{where} is not a store: it holds no store (a store's prefix holds "
+                f"{_A_STORE_HOLDS}), so {_LEFT_AS_IT_WAS[command]}. Name an existing store "
+                "with --store or $SOMATIZE_STORE"
             )
         return bucket
     path = where.rsplit("::", 1)[-1].split("://", 1)[-1]
@@ -176,8 +185,7 @@ def _open(where: str, command: str) -> LocalStore | BucketStore:
             "this system knows, and nothing was created. Name an existing store with "
             "--store or $SOMATIZE_STORE"
         ) from None
-    sections = ("answers", "packs", "names")
-    if not (root / "blobs").is_dir() or not any((root / part).is_dir() for part in sections):
+    if not _holds_store(str(root)):
         if not root.exists():
             found = "there is no such directory"
         elif not root.is_dir():
@@ -185,10 +193,10 @@ def _open(where: str, command: str) -> LocalStore | BucketStore:
         else:
             found = "it holds no store"
         raise StoreError(
-            f"{where} is not a store: {found} (a store's directory holds blobs/, and "
-            "answers/, packs/ or names/), and nothing was created there. Name an existing "
-            "store with --store or $SOMATIZE_STORE; a store is made by the program that first "
-            "keeps an answer in it (`Store(path)`)"
+            f"{where} is not a store: {found} (a store's directory holds {_A_STORE_HOLDS}), "
+            "and nothing was created there. Name an existing store with --store or "
+            "$SOMATIZE_STORE; a store is made by the program that first keeps an answer in it "
+            "(`Store(path)`)"
         )
     return BucketStore(where) if "://" in where else LocalStore(root)
 

@@ -872,3 +872,73 @@ def test_gc_says_what_it_kept_for_a_name_it_cannot_read(
     assert "removed 2 blobs" in printed and "names/" not in printed
     assert not store.has_blob(named) and not store.has_blob(answered)
     assert bytes(store.get(store.resolve("sms/test"))) == b"the test set"
+
+
+def _left_without_empty_folders(store: Store) -> set[str]:
+    """What lies at the top of the store, its empty folders removed as a copy of it from a
+    bucket (`aws s3 sync`) would leave them out; a bucket keeps none of them anyway."""
+    if isinstance(store, LocalStore):
+        for folder in sorted(store.root.rglob("*"), key=lambda at: -len(at.parts)):
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        return {at.name for at in store.root.iterdir()}
+    from somatize.store import BucketStore
+
+    assert isinstance(store, BucketStore)
+    store.fs.invalidate_cache()
+    return {path.rsplit("/", 1)[-1] for path in store.fs.ls(store.root, detail=False)}
+
+
+@pytest.mark.parametrize("home", ["local", "s3"])
+def test_a_store_its_upkeep_emptied_is_still_a_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, home: str
+) -> None:
+    """A store whose every answer gc dropped and whose every name verify --quarantine moved
+    aside holds only blobs/ and quarantine/ on a bucket (or in a directory copied from one,
+    which keeps no empty folder), and only quarantine/ once gc removed the blobs: every
+    command takes it for a store still, and gc collects it. A folder holding blobs/ alone,
+    or beside a quarantine/ of a user's files, is still none, and is left as it was."""
+    if home == "local":
+        store: Store = LocalStore(tmp_path / "store")
+        where = str(tmp_path / "store")
+        bare, user = tmp_path / "blobs-only", tmp_path / "users"
+        for at, files in ((bare, ["blobs"]), (user, ["blobs", "quarantine"])):
+            for folder in files:
+                (at / folder).mkdir(parents=True)
+        (bare / "blobs" / "ab").mkdir()
+        (bare / "blobs" / "ab" / ("ab" * 32)).write_bytes(b"a blob")
+        (user / "quarantine" / "report.txt").write_bytes(b"a user's file")
+        others = [str(bare), str(user)]
+    else:
+        where = s3_url()
+        store = Store.on_bucket(where, **s3_options())
+        _bare_s3(monkeypatch, tmp_path, credentials=True)
+        others = [s3_url(), s3_url()]
+        fs = store.fs
+        fs.pipe_file(f"{others[0][5:]}/blobs/ab/{'ab' * 32}", b"a blob")
+        fs.pipe_file(f"{others[1][5:]}/blobs/ab/{'ab' * 32}", b"a blob")
+        fs.pipe_file(f"{others[1][5:]}/quarantine/report.txt", b"a user's file")
+    store.keep(KEY, b"x" * 100, "plain")
+    store.bind("sms/train", store.put(b"the training set"))
+    assert main(["store", "gc", "--store", where, "--max-bytes", "0"]) == 0  # blobs are young
+    _plant(store, "names/sms/train", b"garbled")
+    assert main(["store", "verify", "--store", where, "--quarantine"]) == 1
+    capsys.readouterr()
+    assert _left_without_empty_folders(store) == {"blobs", "quarantine"}
+    for command in (["ls"], ["du"], ["verify"]):
+        assert main(["store", *command, "--store", where]) == 0, capsys.readouterr().err
+    assert main(["store", "gc", "--store", where, "--grace", "0"]) == 0
+    assert "removed 2 blobs" in capsys.readouterr().out
+    assert _left_without_empty_folders(store) == {"quarantine"}
+    assert main(["store", "du", "--store", where]) == 0, capsys.readouterr().err
+    assert "quarantine 1 files" in " ".join(capsys.readouterr().out.split())
+    for other in others:
+        for command in (["ls"], ["gc", "--grace", "0"]):
+            assert main(["store", *command, "--store", other]) == 2
+            assert "holds no store" in capsys.readouterr().err
+    if home == "local":
+        assert {at.name for at in bare.iterdir()} == {"blobs"}
+        assert (bare / "blobs" / "ab" / ("ab" * 32)).read_bytes() == b"a blob"
+    else:
+        assert len(fs.find(others[1][5:])) == 2
+        assert fs.cat_file(f"{others[0][5:]}/blobs/ab/{'ab' * 32}") == b"a blob"

@@ -31,7 +31,7 @@ from typing import Any
 from somatize.store._bucket_requests import BucketRequests
 from somatize.store._local_upkeep import _set_times
 from somatize.store._packed import hash_bytes
-from somatize.store.base import StoreError, check_digest, moment, prune_above
+from somatize.store.base import StoreError, check_digest, holds_store, moment, prune_above
 from somatize.store.local import LocalStore
 from somatize.store.upkeep import Collected, Entry, Progress, collect
 
@@ -316,16 +316,24 @@ class BucketShelf(BucketRequests):
 
     def _holds_store(self, root: str | None = None) -> bool:
         """Whether the prefix (or ``root``, another in the bucket) holds a store, as a local
-        store's directory does: ``blobs/``, and ``answers/``, ``packs/`` or ``names/`` (one
-        listing of the prefix)."""
+        store's directory does (:func:`holds_store`): one listing of the prefix, and of its
+        ``quarantine/`` where only that tells."""
         root = self.root if root is None else root
-        self.fs.invalidate_cache(root)
-        try:
-            listed = self._call(f"listing {root}", self.fs.ls, root, detail=False)
-        except FileNotFoundError:
-            return False
-        here = {str(path).rstrip("/").rsplit("/", 1)[-1] for path in listed}
-        return "blobs" in here and bool(here & {"answers", "packs", "names"})
+        listed: dict[str, set[str]] = {}
+
+        def holds(folder: str) -> bool:
+            above, _, name = f"/{folder}".rpartition("/")
+            if above not in listed:
+                at = f"{root}{above}"
+                self.fs.invalidate_cache(at)
+                try:
+                    found = self._call(f"listing {at}", self.fs.ls, at, detail=False)
+                except FileNotFoundError:
+                    found = []
+                listed[above] = {str(path).rstrip("/").rsplit("/", 1)[-1] for path in found}
+            return name in listed[above]
+
+        return holds_store(holds)
 
     def _removed(self, section: str, names: Iterable[str]) -> None:
         """Notes that a gc removed ``names`` from ``section``: their times are not kept."""

@@ -42,7 +42,7 @@ from somatize.store._local_files import (
     _read_file,
 )
 from somatize.store._packed import hash_bytes
-from somatize.store.base import StoreError, prune_above
+from somatize.store.base import StoreError, holds_store, prune_above
 from somatize.store.upkeep import Entry, _laid_out, blob_digest
 
 
@@ -126,7 +126,7 @@ class LocalShelf(LocalFiles):
                 folders[:] = []
                 continue
             walked.add((here.st_dev, here.st_ino))
-            if folder != base and section in ("blobs", "tmp") and _a_store(folders):
+            if folder != base and section in ("blobs", "tmp") and _a_store(folder, folders):
                 # Another store, made here before this one was opened above it: none of
                 # this one's files, which gc would remove.
                 folders[:] = []
@@ -474,7 +474,8 @@ def _within(path: str, homes: tuple[str, ...]) -> bool:
     return any(path == home or path.startswith(home.rstrip(os.sep) + os.sep) for home in homes)
 
 
-def _a_store(folders: list[str]) -> bool:
-    """Whether a folder holding ``folders`` is a store's: ``blobs/``, and ``answers/``,
-    ``packs/`` or ``names/``."""
-    return "blobs" in folders and not {"answers", "packs", "names"}.isdisjoint(folders)
+def _a_store(folder: str, folders: list[str]) -> bool:
+    """Whether ``folder``, holding ``folders``, holds a store (:func:`holds_store`)."""
+    return holds_store(
+        lambda at: at in folders if "/" not in at else os.path.isdir(os.path.join(folder, at))
+    )

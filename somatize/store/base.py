@@ -344,6 +344,25 @@ def section_above(
     return None
 
 
+_REFERRING = ("answers", "packs", "names")
+"""The sections whose files refer to blobs: one of them beside ``blobs/`` is a store's."""
+
+
+def holds_store(holds: Callable[[str], bool]) -> bool:
+    """Whether a folder (a directory, a bucket's prefix) holds a store, ``holds`` telling
+    whether a folder is in it (``blobs``, ``quarantine/names``): ``blobs/``, and
+    ``answers/``, ``packs/`` or ``names/``; or, in ``quarantine/``, a folder of one of its
+    sections (what ``verify`` moved aside), which is all that is left where no empty folder
+    is kept (a bucket, a directory copied from one) of a store whose every answer a gc
+    dropped and every name ``verify`` moved aside. ``blobs/`` alone is none: a gc would take
+    every file there for unused."""
+    if holds("blobs") and any(holds(section) for section in _REFERRING):
+        return True
+    return holds("quarantine") and any(
+        holds(f"quarantine/{section}") for section in ("blobs", *_REFERRING)
+    )
+
+
 _KEPT_IN = {
     "names": "its names: it would read this store's files as names of its own, and its "
     "verify report them as damaged",

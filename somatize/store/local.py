@@ -81,6 +81,7 @@ from somatize.store.base import (
     StoreError,
     check_digests,
     check_name,
+    holds_store,
     inside_a_section,
     keys_of,
     section_above,
@@ -686,8 +687,5 @@ class LocalStore(LocalShelf):
 
 
 def _holds_store(root: str) -> bool:
-    """Whether the directory ``root`` holds a store: ``blobs/``, and ``answers/``,
-    ``packs/`` or ``names/``."""
-    return os.path.isdir(os.path.join(root, "blobs")) and any(
-        os.path.isdir(os.path.join(root, part)) for part in ("answers", "packs", "names")
-    )
+    """Whether the directory ``root`` holds a store (:func:`holds_store`)."""
+    return holds_store(lambda folder: os.path.isdir(os.path.join(root, folder)))
