@@ -17,11 +17,14 @@ may have been bound to any blob: while one is there, a gc keeps every blob that 
 refers to (no record or index, no name it can read), says which names it could not read
 (:attr:`Collected.unread_names`), and does the rest of its work as ever; ``check`` with
 ``quarantine`` moves such a name aside (a name pointing at a missing blob stays: putting its
-bytes again mends it), and binding it again replaces it. A blob nothing refers to
-is removed only once it is older than ``grace`` seconds, because a writer elsewhere
-may have put it a moment ago and be about to publish the record that refers to it
-(the writes of the store object collecting are known to it, and left alone whatever
-the grace); and the store is looked at again just before, so a blob a writer put
+bytes again mends it), and binding it again replaces it. One whose file is whole and
+points at a blob the store holds, though its check or signature fails (bound with another
+key or without one in a store that signs, or holding another name's binding), says which
+blob it was bound to: it is told, never moved aside, and pins that blob alone, as a name
+does. A blob nothing refers to is removed only once it is older than ``grace`` seconds,
+because a writer elsewhere may have put it a moment ago and be about to publish the record
+that refers to it (the writes of the store object collecting are known to it, and left
+alone whatever the grace); and the store is looked at again just before, so a blob a writer put
 again (or referred to) while the collection ran is spared — on a bucket, where a put of a
 blob already there cannot touch it, only once its record is published. A file in
 ``blobs/`` not laid out as a blob is (``blobs/<2 hex>/<64 hex>``, the folder its first
@@ -417,31 +420,41 @@ def _blob_of(held: Answer | PackIndex | str | Corrupt) -> str | None:
     return held.blob if isinstance(held, PackIndex) else held
 
 
-def _unread_name(held: Answer | PackIndex | str | Corrupt, untrusted: Corrupt | None) -> bool:
+def _unread_name(
+    held: Answer | PackIndex | str | Corrupt,
+    untrusted: Corrupt | None,
+    here: Callable[[str], bool],
+) -> bool:
     """Whether a name's file, read as ``held`` (and not trusted for ``untrusted``), cannot
-    say which blob it was bound to: it holds no digest, or its check or signature fails, so
-    the digest it holds may be damaged (a digit flipped). One signed over its digest alone
-    (:class:`NameSignedAlone`, as an earlier somatize signed names) holds the digest its
-    signature vouches for."""
+    say which blob it was bound to: it holds no digest, or its check or signature fails and
+    the blob it points at is not ``here``, so the digest it holds may be damaged (a digit
+    flipped). One signed over its digest alone (:class:`NameSignedAlone`, as an earlier
+    somatize signed names) holds the digest its signature vouches for; one signed with
+    another key, or bound without one, in a store that signs, the digest of a blob the
+    store holds: a digit flipped names no blob there."""
     if isinstance(held, Corrupt):
         return True
-    return untrusted is not None and not isinstance(untrusted, NameSignedAlone)
+    if untrusted is None or isinstance(untrusted, NameSignedAlone):
+        return False
+    return not (isinstance(held, str) and here(held))
 
 
-def _unread_names(read: Iterable[_Read]) -> list[str]:
+def _unread_names(read: Iterable[_Read], here: Callable[[str], bool]) -> list[str]:
     """The names among ``read`` (strays aside: no name) that cannot say which blob they
-    were bound to (:func:`_unread_name`)."""
+    were bound to (:func:`_unread_name`, a blob ``here`` or not)."""
     return [
         r.entry.name
         for r in read
-        if r.section == "names" and not r.stray and _unread_name(r.held, r.untrusted)
+        if r.section == "names" and not r.stray and _unread_name(r.held, r.untrusted, here)
     ]
 
 
-def _referred_since(shelf: Shelf, seen: dict[tuple[str, str], Entry]) -> tuple[set[str], list[str]]:
+def _referred_since(
+    shelf: Shelf, seen: dict[tuple[str, str], Entry], here: Callable[[str], bool]
+) -> tuple[set[str], list[str]]:
     """The blobs referred to by records, indexes and names written since ``seen`` was
     listed (new files, or files that changed), and those names among them that cannot say
-    which blob they were bound to."""
+    which blob they were bound to (a blob ``here`` or not)."""
     out: set[str] = set()
     fresh_reads: list[_Read] = []
     for section in _READ:
@@ -457,7 +470,7 @@ def _referred_since(shelf: Shelf, seen: dict[tuple[str, str], Entry]) -> tuple[s
                 blob = _blob_of(held)
                 if blob is not None:
                     out.add(blob)
-    return out, _unread_names(fresh_reads)
+    return out, _unread_names(fresh_reads, here)
 
 
 def _by_age(entries: list[Entry], now: float, grace: float) -> tuple[list[Entry], list[Entry]]:
@@ -586,7 +599,7 @@ def _collect(
     ahead_of_clock.update(("blobs", e.name) for e in young if e.mtime > now)
     ahead_of_clock -= {(unit.section, unit.name) for unit in dropped["answers"] + dropped["packs"]}
     _stamp_kept(shelf, ahead_of_clock, now)
-    unread = _unread_names(read)
+    unread = _unread_names(read, blobs.__contains__)
     if sweep:
         # Look again: a writer may have put one of these again (which touches it) and
         # published a record referring to it since the store was listed (a record spared
@@ -596,7 +609,7 @@ def _collect(
             for r in read
             if r.section != "answers" or r.entry.name not in spared
         }
-        referred, unread_since = _referred_since(shelf, seen)
+        referred, unread_since = _referred_since(shelf, seen, blobs.__contains__)
         held |= referred
         unread += unread_since
         now = time.time() - ahead
@@ -788,7 +801,7 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
             # A name is moved aside only when it cannot say which blob it was bound to (a
             # gc keeps every blob such a name may point at while it is there); one that
             # points at a missing blob stays, mended by putting those bytes again.
-            aside = section != "names" or _unread_name(held_now, untrusted_now)
+            aside = section != "names" or _unread_name(held_now, untrusted_now, whole_now)
             damaged(section, entry.name, why, now, aside)
     out.abandoned = len(shelf._entries("tmp"))
     shelf._forget_all()
