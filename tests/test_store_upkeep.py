@@ -989,7 +989,8 @@ def test_the_command_line_says_what_a_newer_somatize_wrote(
 ) -> None:
     """`verify --quarantine` lists a record and an index a newer somatize wrote as newer, not
     damaged, and exits 0; `show` says it is newer (not damage to move aside); `gc` exits 2,
-    saying why, and the store keeps them with their blobs."""
+    saying why and what to do where no newer somatize writes (the version garbled), and the
+    store keeps them with their blobs."""
     store = LocalStore(tmp_path / "store")
     record, index, blobs = _as_newer(store)
     where = str(store.root)
@@ -1001,9 +1002,32 @@ def test_the_command_line_says_what_a_newer_somatize_wrote(
     said = capsys.readouterr().err
     assert "NEWER" in said and "format version 2" in said and "quarantine" not in said
     assert main(["store", "gc", "--store", where, "--grace", "0", "--max-bytes", "0"]) == 2
-    assert "written by a newer somatize" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "written by a newer somatize" in said and "out of the store by hand" in said
     assert (store.root / record).exists() and (store.root / index).exists()
     assert all(LocalStore(where).has_blob(blob) for blob in blobs)
+
+
+def test_a_signed_record_whose_version_was_garbled_is_damage_not_newer(tmp_path: Path) -> None:
+    """In a signed store, a record whose version digit was garbled after it was signed (read
+    as a later version) fails its signature: verify tells it as damage and moves it aside,
+    and gc collects the store. It was listed as a newer somatize's, no damage, never moved,
+    and gc refused to run for good. One a newer somatize signed with the key is newer."""
+    store = LocalStore(tmp_path / "store", signing_key="team")
+    keys = [key_of(1), key_of(2)]
+    for key in keys:
+        store.keep(key, key.encode(), "plain")
+    garbled, newer = (tmp_path / "store" / "answers" / k[7:9] / k[7:] for k in keys)
+    garbled.write_bytes(garbled.read_bytes().replace(b'"somatize":1', b'"somatize":9'))
+    body = newer.read_bytes().partition(b"\nmac:")[0].replace(b'"somatize":1', b'"somatize":2')
+    newer.write_bytes(body + b"\nmac:" + Signer("team").mac(body).hex().encode())
+    found = LocalStore(tmp_path / "store", signing_key="team").verify(quarantine=True)
+    names = [f"{key[7:9]}/{key[7:]}" for key in keys]
+    assert [d.name for d in found.damaged] == names[:1] and "signature" in found.damaged[0].why
+    assert found.quarantined == [f"answers/{names[0]}"]
+    assert [n.name for n in found.newer] == names[1:]
+    newer.unlink()  # the newer somatize's, which this one leaves to it
+    assert LocalStore(tmp_path / "store", signing_key="team").gc(grace=0).blobs == 2
 
 
 def test_names_laid_out_as_a_store_are_names(home: Store) -> None:

@@ -225,6 +225,10 @@ def _decoded(
     except Corrupt as untrusted:  # damage reads no better untrusted: it is told as damage
         try:
             return decode(False), untrusted
+        except NewerFormat:
+            # Failing its signature, whatever version it says (a digit of it garbled since
+            # it was signed): damage, not a newer somatize's, which upkeep would leave.
+            return untrusted, None
         except Corrupt as why:
             return why, None
 
@@ -364,8 +368,10 @@ def _refuse_newer(shelf: Shelf, read: list[_Read]) -> None:
         raise StoreError(
             f"nothing was collected in {shelf._where}: {len(newer)} of its records and pack "
             "indexes were written by a newer somatize, and which blobs they refer to cannot "
-            "be told here, so they would be removed from under it. The first, "
-            f"{first.section}/{first.entry.name}: {first.held}"
+            "be told here, so they would be removed from under it. Collect it with that "
+            "somatize; if none writes here, such a file is damaged (a digit of its version "
+            "garbled, in a store that does not sign): move it out of the store by hand. The "
+            f"first, {first.section}/{first.entry.name}: {first.held}"
         )
 
 
