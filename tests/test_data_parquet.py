@@ -550,6 +550,21 @@ def test_the_local_store_is_read_without_open_blob(store: Store) -> None:
     assert source.forward({"at": 0, "take": 1}, ctx()).column("n") == [0]
 
 
+def test_a_dataset_read_in_short_reads_hands_over_its_rows(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read at a position may hand over fewer bytes than were asked for though the file
+    goes on: Linux hands over at most 2 GiB less 4 KiB a call, less than a column of a row
+    group of images or documents holds. The source reads on until it has them all, rather
+    than take a whole dataset for one cut short (a Corrupt that says to write it again)."""
+    bound(store, numbers(20_000), row_group_size=10_000, compression="none")
+    real = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, size, at: real(fd, min(size, 1000), at))
+    rows = Parquet(store, "data/n").forward({"at": 9_990, "take": 20}, ctx())
+    assert rows.column("n") == list(range(9_990, 10_010))
+    assert rows.column("s") == [f"row {n}" for n in range(9_990, 10_010)]
+
+
 # ---------------------------------------------------------------- a directory of files
 
 

@@ -148,6 +148,13 @@ def _parquet_file(
         ) from None
 
 
+_READ_MOST = 64 << 20
+"""The most bytes asked of one read at a position. A read may hand over fewer than it was
+asked for though the file goes on (Linux hands over at most 2 GiB less 4 KiB a call, less
+than a column of a row group of images can hold): :class:`_Positioned` reads on until it has
+them all, a part at a time into one buffer, so a large read holds little more than itself."""
+
+
 class _Positioned(io.RawIOBase):
     """A file read only at positions (``pread``), for ``pyarrow.PythonFile``: where it is
     is this object's own, not the descriptor's offset, which a forked process shares."""
@@ -176,12 +183,29 @@ class _Positioned(io.RawIOBase):
         self.at = base + offset
         return self.at
 
-    def read(self, size: int = -1) -> bytes:
+    def read(self, size: int = -1) -> bytes | bytearray:
         if size < 0:
             size = max(self.size - self.at, 0)
-        data = os.pread(self.fd, size, self.at)
+        first = os.pread(self.fd, min(size, _READ_MOST), self.at)
+        # More than one read hands over: read on, into one buffer.
+        data = self._read_on(first, size) if 0 < len(first) < size else first
         self.at += len(data)
         return data
+
+    def _read_on(self, first: bytes, size: int) -> bytearray:
+        """The ``size`` bytes from here, of which one read handed over ``first``, read on a
+        part at a time until they are all read or the file ends (fewer, then)."""
+        whole = bytearray(size)
+        got = len(first)
+        whole[:got] = first
+        while got < size:
+            part = os.pread(self.fd, min(size - got, _READ_MOST), self.at + got)
+            if not part:
+                del whole[got:]
+                break
+            whole[got : got + len(part)] = part
+            got += len(part)
+        return whole
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(memoryview(buffer)))
