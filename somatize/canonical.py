@@ -432,7 +432,7 @@ _UNPACK_LEN = _LEN.unpack_from
 _UNPACK_FLOAT = _FLOAT.unpack_from
 
 
-def _read(data: bytes, at: int) -> tuple[Any, int]:
+def _read(data: bytes | memoryview, at: int) -> tuple[Any, int]:
     """The value that starts at ``at`` in ``data``, and where the next one starts."""
     if at >= len(data):
         raise ValueError("canonical bytes end where a value should start")
@@ -486,14 +486,20 @@ def _read(data: bytes, at: int) -> tuple[Any, int]:
     raise ValueError(f"unknown canonical tag {bytes([tag])!r} at byte {at - 1}")
 
 
-def _need(data: bytes, at: int, size: int) -> None:
+def _need(data: bytes | memoryview, at: int, size: int) -> None:
     if at + size > len(data):
         raise ValueError("canonical bytes end in the middle of a value")
 
 
 def decode(data: bytes | memoryview) -> Any:
-    """The value whose canonical encoding is ``data``; ValueError if it is not one."""
-    raw = bytes(data) if not isinstance(data, bytes) else data
+    """The value whose canonical encoding is ``data``; ValueError if it is not one.
+
+    A large ``data`` (a recalled answer's bytes, as a view of the memory a store read
+    them into) is read where it is: a copy would hold a third copy of a value of 2 GiB
+    besides the bytes read and the value made from them."""
+    raw: bytes | memoryview = data if isinstance(data, bytes) else memoryview(data)
+    if type(raw) is memoryview:
+        raw = raw.cast("B") if raw.nbytes >= _LARGE and raw.c_contiguous else bytes(raw)
     try:
         value, at = _read(raw, 0)
     except RecursionError:  # written by a process allowed to nest deeper than this one

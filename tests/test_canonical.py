@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import math
 import sys
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -294,6 +295,24 @@ def test_the_exact_encoding_is_the_one_decode_reads(value: object) -> None:
     exact encoding is those bytes again."""
     data = b"".join(canonical.parts_of(value, exact=True))
     assert b"".join(canonical.parts_of(canonical.decode(data), exact=True)) == data
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, str])
+def test_a_large_value_is_decoded_from_its_buffer_not_a_copy_of_it(kind: type) -> None:
+    """A store hands a recalled answer's bytes over as a view of the memory it read them
+    into: a large value (a bytes answer of 2 GiB) is decoded straight from it, so a recall
+    holds the value read and the value made, not a third copy of it besides."""
+    size = 8 << 20
+    value = kind(b"x" * size) if kind is not str else "x" * size
+    read = memoryview(bytearray(b"".join(canonical.parts_of(value, exact=True))))
+    tracemalloc.start()
+    try:
+        back = canonical.decode(read)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert back == value and type(back) is kind
+    assert peak < 1.5 * size
 
 
 @pytest.mark.parametrize("value", [0, 5, -5, 127, 128, -128, -129, 255, 256, 2**64, -(2**64)])
