@@ -120,13 +120,45 @@ def exporting() -> bool:
     torch's own question is the process's (a flag an export sets for its whole run), so
     an eager call on another thread meanwhile would be taken for one export traces. What
     export traces runs on its thread under a tracing context, which torch holds per
-    thread: a non-strict export runs the code there; torch's compiler, tracing a strict
-    one, answers ``is_dynamo_compiling()`` as True, so the context is not asked of it.
-    (torch's compiler answers torch's question as the process's flag stands: a call it
-    compiles on another thread meanwhile is still taken for one export traces.)"""
-    return _is_exporting() and (
-        torch.compiler.is_dynamo_compiling() or TracingContext.try_get() is not None
-    )
+    thread: a non-strict export runs the code there. Code torch's compiler traces is
+    asked of the trace itself (:func:`_compiled_for_export`): a strict export's, or a
+    ``torch.compile``'s on another thread, whose code would otherwise keep the refusal
+    of that export for every later call."""
+    if torch.compiler.is_dynamo_compiling():
+        return _compiled_for_export()
+    return _is_exporting() and TracingContext.try_get() is not None
+
+
+def _compiled_for_export() -> bool:
+    """Whether torch's compiler traces the code that asks for an export: a strict one
+    (or ``torch._dynamo.export``), or one on this thread that has it trace a part (a
+    branch of ``torch.cond``), and not for ``torch.compile``. Asked as the code is traced,
+    its answer kept in the code as it is: torch's compiler traces anew for each export.
+    The process's flag alone is no answer here: read as the trace reads it, it is kept in
+    compiled code as the trace found it, and a ``torch.compile`` on one thread while
+    another exports would keep the refusal of that export for good. Where this torch
+    cannot say, the flag is the answer."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    tx = InstructionTranslator.current_tx()
+    export = getattr(tx, "export", None)
+    if export is None:  # another torch's compiler: asked as torch asks
+        return _is_exporting()
+    if export:
+        return True
+    try:
+        from torch._higher_order_ops.utils import _in_hop_compile
+    except ImportError:
+        return False
+    return _is_exporting() and _in_hop_compile()
+
+
+# Called as the code is traced, the answer kept as a constant: the mark that
+# ``torch.compiler.assume_constant_result`` puts, put here without importing torch's
+# compiler (a second), which a process that never compiles need not load. (Traced as
+# code, its questions of torch's compiler would break the graph, which a strict export
+# cannot.)
+_compiled_for_export._dynamo_marked_constant = True  # type: ignore[attr-defined]
 
 
 def exporting_elsewhere() -> bool:

@@ -196,7 +196,12 @@ def _uncompiled_here() -> bool:
     thread exports, torch's mark refuses any call ("Non-recursive torch.compiler.disable is
     not supported with torch.export", asked of the process), and on this one, where nothing
     compiles the frames it runs (no callback of the compiler's, which torch holds per
-    thread), the function as it is runs as the mark would have it run."""
+    thread), the function as it is runs as the mark would have it run. Code torch's
+    compiler traces meets the mark, asking nothing: the process's flag, read as the trace
+    reads it, would be kept in the code as the trace found it, and the frame's callback
+    cannot be asked there without breaking the graph."""
+    if torch.compiler.is_dynamo_compiling():
+        return False
     return exporting_elsewhere() and _frame_callback() is None
 
 

@@ -35,7 +35,9 @@ from tests.test_torch_wrap import (
     Thresholded,
     _default_dtype,
     _modes,
+    cached_as,
     default_edited,
+    while_another_thread_exports,
 )
 
 RAN: list[int] = []
@@ -815,3 +817,48 @@ def test_a_ctrl_c_as_the_first_call_loads_torchs_compiler_leaves_later_calls_wor
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["interrupted", "same"]
+
+
+@pytest.mark.parametrize("declared", ["whole", "part", "rows"])
+def test_a_compiled_model_called_while_another_thread_exports_answers_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, declared: str
+) -> None:
+    """A compiled model (`torch.compile`) with a cached part, called on one thread while
+    another ran `torch.export.export`, was refused as though export traced it, and
+    compiled so: torch's compiler kept the refusal in the code it made, and every later
+    call of the compiled model was refused too, the export long over. The cached part
+    answers as the model does meanwhile, and every compiled call does after it, with no
+    question of the export left in the compiled code; the export goes on. (A model cached
+    whole, or a row cache, stands for the module it runs through a call torch's compiler
+    skips, which torch refuses in compiled code while any thread exports: refused
+    meanwhile, keeping nothing.)"""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6), nn.Tanh())
+    cached = cached_as(declared, model, Store(tmp_path / "s"))
+    compiled = torch.compile(cached, backend="eager")
+    x, other = torch.randn(4, 6), torch.randn(4, 6)
+    answered: list[torch.Tensor] = []
+    with while_another_thread_exports(), torch.no_grad():
+        try:
+            answered += [compiled(x), compiled(x)]
+        except RuntimeError:
+            if declared == "part":
+                raise
+    with torch.no_grad():
+        after = [compiled(other), compiled(other)]
+        assert all(torch.allclose(got, model(x), atol=1e-6) for got in answered)
+        assert torch.allclose(after[0], model(other), atol=1e-6)
+        assert torch.equal(after[1], after[0])
+    # Compiled meanwhile, the code asks nothing of the other thread's export: a question
+    # that breaks its graph (the frame's callback) would stay in it for good.
+    assert not [reason for reason in counters["graph_break"] if "eval_frame_callback" in reason]
+    if declared != "rows":
+        assert isinstance(cached, smt.Wrapped)
+        calls = 2 if answered else 1  # a call refused keeps nothing
+        assert list(cached.counts.values()) == [{"ran": calls, "kept": calls, "recalled": calls}]
+    torch._dynamo.reset()

@@ -1910,23 +1910,10 @@ class _ExportWaits(nn.Module):
         return x + 1
 
 
-@pytest.mark.parametrize("declared", ["whole", "part", "rows"])
-def test_a_cached_call_on_another_thread_than_an_export_is_not_refused(
-    store: Store, declared: str
-) -> None:
-    """torch says it is exporting to every thread while one exports: an eager cached call
-    on another thread meanwhile was refused as if export traced it, or failed with torch's
-    own "Non-recursive torch.compiler.disable is not supported with torch.export". It is
-    computed and then recalled, and the export goes on."""
-    torch.manual_seed(0)
-    cached: nn.Module
-    if declared == "rows":
-        cached = smt.cache_rows(nn.Linear(6, 6), store)
-    else:
-        names: Any = True if declared == "whole" else ["0"]
-        model = nn.Sequential(nn.Linear(6, 6), nn.Tanh())
-        cached = smt.wrap(model, frozen=names, cached=names, store=store)
-        smt.freeze(cached)
+@contextlib.contextmanager
+def while_another_thread_exports() -> Iterator[None]:
+    """Runs the block while another thread is inside a (non-strict) `torch.export.export`,
+    and checks that the export went on."""
     waits = _ExportWaits()
     failed: list[BaseException] = []
 
@@ -1940,13 +1927,38 @@ def test_a_cached_call_on_another_thread_than_an_export_is_not_refused(
     exporting.start()
     try:
         assert waits.inside.wait(30)
-        x = torch.randn(4, 6)
-        with torch.no_grad():
-            computed, recalled = cached(x), cached(x)
+        yield
     finally:
         waits.go_on.set()
         exporting.join()
     assert not failed
+
+
+def cached_as(declared: str, model: nn.Module, store: Store) -> nn.Module:
+    """``model`` cached as ``declared`` says: wrapped and cached "whole", its first "part"
+    cached, or cached per "rows"."""
+    if declared == "rows":
+        return smt.cache_rows(model, store)
+    names: Any = True if declared == "whole" else ["0"]
+    wrapped = smt.wrap(model, frozen=names, cached=names, store=store)
+    smt.freeze(wrapped)
+    return wrapped
+
+
+@pytest.mark.parametrize("declared", ["whole", "part", "rows"])
+def test_a_cached_call_on_another_thread_than_an_export_is_not_refused(
+    store: Store, declared: str
+) -> None:
+    """torch says it is exporting to every thread while one exports: an eager cached call
+    on another thread meanwhile was refused as if export traced it, or failed with torch's
+    own "Non-recursive torch.compiler.disable is not supported with torch.export". It is
+    computed and then recalled, and the export goes on."""
+    torch.manual_seed(0)
+    cached = cached_as(declared, nn.Sequential(nn.Linear(6, 6), nn.Tanh()), store)
+    with while_another_thread_exports():
+        x = torch.randn(4, 6)
+        with torch.no_grad():
+            computed, recalled = cached(x), cached(x)
     assert torch.equal(computed, recalled)
     if declared != "rows":
         assert isinstance(cached, smt.Wrapped)
