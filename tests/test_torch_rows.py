@@ -2165,8 +2165,8 @@ def test_rows_cached_inside_grad_are_refused_saying_so(
 
 @pytest.mark.parametrize(
     "recorded",
-    ["jit.trace", "export", "export of the cache"],
-    ids=["torch.jit.trace", "torch.export", "torch.export of the cache"],
+    ["jit.trace", "export", "strict export", "export of the cache"],
+    ids=["torch.jit.trace", "torch.export", "strict torch.export", "torch.export of the cache"],
 )
 @pytest.mark.parametrize("key", ["content", "index"])
 def test_rows_traced_by_torch_jit_trace_or_export_are_refused(
@@ -2177,8 +2177,9 @@ def test_rows_traced_by_torch_jit_trace_or_export_are_refused(
     the trace answered any batch with the rows recalled for the traced one (content-keyed,
     a batch of token ids), or with the memory they were put in (keyed by index); the export
     failed with torch's own "Non-recursive torch.compiler.disable is not supported with
-    torch.export". Each is refused, saying to trace (or export) the module itself; the
-    cache answers as before."""
+    torch.export". Each is refused, saying to trace (or export) the module itself, a strict
+    export too (torch's compiler, which traces it, reports the refusal it met); the cache
+    answers as before."""
     torch.manual_seed(0)
     module = nn.Embedding(10, 3)
     options: dict[str, Any] = {} if key == "content" else {"key": "index", "version": "v1"}
@@ -2204,14 +2205,15 @@ def test_rows_traced_by_torch_jit_trace_or_export_are_refused(
         ):
             torch.jit.trace(holder, (ids, index), check_trace=False)
     else:
-        exported: nn.Module = holder if recorded == "export" else cached
+        exported: nn.Module = cached if recorded == "export of the cache" else holder
         arguments = (ids, index) if exported is holder else (ids,)
         kwargs = {"index": index} if key == "index" and exported is cached else {}
+        strict = recorded == "strict export"
         with pytest.raises(
-            TypeError,
+            (TypeError, RuntimeError) if strict else TypeError,
             match=r"`torch\.export\.export` traces it.*Export the module itself \(`cached\.module`",
         ):
-            torch.export.export(exported, arguments, kwargs)
+            torch.export.export(exported, arguments, kwargs, strict=strict)
     with torch.no_grad():
         assert torch.equal(holder(ids, index), module(ids))
         assert torch.equal(holder(ids + 4, index + 3), module(ids + 4))

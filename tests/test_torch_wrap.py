@@ -1870,14 +1870,18 @@ def test_a_cached_module_traced_by_torch_jit_trace_is_refused(
         assert torch.equal(wrapped(other), wrapped.model(other))
 
 
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
 @pytest.mark.parametrize("declared", ["whole", "part"])
-def test_a_cached_module_exported_by_torch_export_is_refused(store: Store, declared: str) -> None:
+def test_a_cached_module_exported_by_torch_export_is_refused(
+    store: Store, declared: str, strict: bool
+) -> None:
     """`torch.export.export` of a wrapped model keeps what a call runs as the program of
     every later call, and a recalled answer runs nothing: it failed with torch's own
     "Non-recursive torch.compiler.disable is not supported with torch.export" (the model
     cached whole), or with a refusal of a `FakeTensor` saying to hand a plain tensor (a
     cached part). It is refused, saying to export the model itself, which then exports as
-    the plain model; the wrapped model answers as before."""
+    the plain model; the wrapped model answers as before. A strict export is refused so
+    too (torch's compiler, which traces it, reports the refusal it met)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 2))
     names: Any = True if declared == "whole" else ["0"]
@@ -1886,10 +1890,10 @@ def test_a_cached_module_exported_by_torch_export_is_refused(store: Store, decla
     x = torch.randn(4, 6)
     wrapped(x)
     with pytest.raises(
-        TypeError,
+        (TypeError, RuntimeError) if strict else TypeError,
         match=r"`torch\.export\.export` traces it.*Export the model itself \(`wrapped\.model`\)",
     ):
-        torch.export.export(wrapped, (x,))
+        torch.export.export(wrapped, (x,), strict=strict)
     exported = torch.export.export(wrapped.model, (x,)).module()
     other = torch.randn(4, 6)
     with torch.no_grad():
