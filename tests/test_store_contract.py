@@ -404,6 +404,47 @@ def test_items_of_a_generator_filling_one_buffer_are_kept_each_under_its_key(
     ]
 
 
+@pytest.mark.parametrize("kind", ["local", "local-durable", "file", "file-cached"])
+def test_a_generator_streamed_into_a_store_is_never_held_whole(tmp_path: Path, kind: str) -> None:
+    """A put, keep or keep_many handed a generator of 64 MiB, 1 MiB at a time over one
+    buffer filled again for each piece (streaming a file larger than memory), holds about
+    a piece of it in memory at once, never the whole: each piece was copied as it was
+    taken, and every copy held until the write began. Each is kept as it was handed over.
+    (A `memory://` bucket, and moto's S3 in this process, hold the blob in memory.)"""
+    import tracemalloc
+
+    if kind == "file-cached":
+        store = Store.on_bucket(f"file://{tmp_path}/file", cache=tmp_path / "cache")
+    else:
+        store = dict(STORES)[kind](tmp_path)
+    piece, count = 1 << 20, 64
+    whole = blake3.blake3()
+    for index in range(count):
+        whole.update(bytes([index]) * piece)
+    digest = "blake3:" + whole.hexdigest()
+
+    def chunks() -> Iterator[memoryview]:
+        buffer = bytearray(piece)
+        for index in range(count):
+            buffer[:] = bytes([index]) * piece
+            yield memoryview(buffer)
+
+    other = "blake3:" + "cd" * 32
+    tracemalloc.start()
+    try:
+        assert store.put(chunks()) == digest
+        assert store.keep(KEY, chunks(), "plain").value == digest
+        store.keep_many((item for item in [(other, chunks())]), "plain")  # type: ignore[misc]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB held at once"
+    fresh = reopen(store)
+    assert fresh.verify().ok
+    assert {fresh.answer(KEY).value, fresh.answer(other).value} == {digest}  # type: ignore[union-attr]
+    assert len(fresh.get(digest)) == piece * count
+
+
 def test_a_buffer_of_object_references_is_refused(home: Store) -> None:
     """A buffer whose items are references to Python objects (a numpy array of dtype
     object, a ctypes array of ``py_object``) holds addresses in this process, not the

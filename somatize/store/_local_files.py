@@ -27,18 +27,20 @@ import contextlib
 import errno
 import io
 import os
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from queue import SimpleQueue
 from stat import S_ISDIR, S_ISREG
-from typing import Any
+from typing import IO, Any, TypeVar
 
 import blake3
 
 from somatize._threads import process_pool
 from somatize.store._packed import (
+    FULL,
     GATHER_BELOW,
     PackedHome,
     digest_of,
@@ -73,6 +75,8 @@ from somatize.store.records import (
     holds_another_name,
 )
 
+T = TypeVar("T")
+
 open_file = io.open
 """What a store opens its files with, not the builtin ``open``: as the interpreter
 finalizes, builtins are put back as they were before ``io`` added ``open`` to them, and a
@@ -90,9 +94,6 @@ _AHEAD = 2
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 """What the filesystem says when this process may not change the store (a read-only disk,
 another user's files)."""
-_FULL = (errno.ENOSPC, errno.EDQUOT)
-"""What the filesystem says when it has no room left for this process (a full disk, a
-quota reached)."""
 _VERIFIED_HELD = 1 << 16
 """How many blobs a store remembers having hashed to their digests (by their files'
 stamps), so that one read again is not hashed again: a process that keeps or reads an
@@ -322,13 +323,24 @@ class LocalFiles(PackedHome):
             raise self._unwritten(temporary, target, why) from why
 
     def _created(self, temporary: str) -> io.BufferedWriter:
-        """``temporary``, a new file in ``tmp/``, open for writing; ``tmp/`` is made first
-        when it is not there (a store copied without its empty folders)."""
+        """``temporary``, a new file in ``tmp/``, open for writing."""
+        return self._made_in_tmp(lambda: open_file(temporary, "wb"))
+
+    def _spill_file(self) -> IO[bytes]:
+        """A file with no name in ``tmp/``, on the store's disk: a gc sees none."""
+        return self._made_in_tmp(lambda: tempfile.TemporaryFile(dir=self._tmp))
+
+    def _spill_failed(self, why: OSError) -> StoreError:
+        return self._unwritten(None, None, why)
+
+    def _made_in_tmp(self, make: Callable[[], T]) -> T:
+        """What ``make`` makes in ``tmp/``, which is made first when it is not there (a
+        store copied without its empty folders)."""
         try:
-            return open_file(temporary, "wb")
+            return make()
         except FileNotFoundError:
             self._make_folder(self._tmp)
-            return open_file(temporary, "wb")
+            return make()
 
     def _make_folder(self, folder: str) -> None:
         """Makes ``folder`` of the store, missing (a store copied without its empty
@@ -429,7 +441,7 @@ class LocalFiles(PackedHome):
         gone = self._gone(f"write {where} into")
         if gone is not None and isinstance(why, FileNotFoundError):
             return gone
-        if why.errno in _FULL:
+        if why.errno in FULL:
             return StoreFull(
                 f"could not write {where} into {self.root}: no space left ({why.strerror}). "
                 "Nothing half-written was left and the store is as it was; free space, or "
@@ -495,7 +507,7 @@ class LocalFiles(PackedHome):
         return StreamedJoin(self, codec, fingerprint)
 
     def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
-        pieces = pieces_of(data)
+        pieces = pieces_of(data, self)
         size = nbytes(pieces)
         if size >= _OVERLAP:
             return self._put_large(pieces, size, claims)

@@ -32,7 +32,6 @@ from stat import S_ISREG
 import blake3
 
 from somatize.store._local_files import (
-    _FULL,
     _READ_ONLY,
     ONE_FILESYSTEM,
     SMALL_FILE,
@@ -41,7 +40,7 @@ from somatize.store._local_files import (
     _open_regular,
     _read_file,
 )
-from somatize.store._packed import hash_bytes
+from somatize.store._packed import FULL, hash_bytes
 from somatize.store.base import StoreError, holds_store, prune_above
 from somatize.store.upkeep import Entry, _laid_out, blob_digest
 
@@ -208,7 +207,7 @@ class LocalShelf(LocalFiles):
         try:
             os.makedirs(self._tmp, exist_ok=True)
         except OSError as why:
-            if why.errno in _FULL:
+            if why.errno in FULL:
                 return False
             raise self._unremoved(section, name, why) from why
         return True

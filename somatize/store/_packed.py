@@ -48,17 +48,19 @@ import abc
 import array
 import contextlib
 import dataclasses
+import errno
 import math
 import mmap
 import os
 import re
+import tempfile
 import threading
 import time
 import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
-from typing import Any
+from typing import IO, Any
 
 import blake3
 
@@ -70,6 +72,7 @@ from somatize.store.base import (
     Missing,
     Store,
     StoreError,
+    StoreFull,
     check_digest,
     check_labels,
 )
@@ -116,14 +119,29 @@ _KEPT = (
 """What a put or keep takes, said when it is given something else."""
 
 
-def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
+def pieces_of(
+    data: Buffer | Sequence[Buffer], spills: Spills | None = None, *, handed: bool = False
+) -> Sequence[Buffer]:
     """``data`` as the pieces written one after another, each a flat run of bytes (a
     typed or shaped buffer, of float64 values say, is taken as its bytes). Any object
     with the buffer protocol (bytes, an ``array.array``, a numpy array, an ``mmap``) is
     one piece, never iterated (an mmap would be one byte per piece); anything else is
-    an iterable of pieces. A piece of an iterable other than a list or tuple (a
-    generator) that can change is copied as it is taken, before the next is asked for:
-    the iterable may fill one buffer again for each (``f.readinto(buf)``)."""
+    an iterable of pieces. The pieces of an iterable other than a list or tuple (a
+    generator), which may fill one buffer again for each (``f.readinto(buf)``), are
+    taken as each holds when it is handed over, before the next is asked for, and held
+    in ``spills`` past the first :data:`FROZEN_RUN` bytes (see :func:`spooled`); so are
+    those of ``data`` itself, when an iterable ``handed`` it over (an item of a
+    generator of items)."""
+    pieces = _listed(data)
+    if handed or not isinstance(pieces, (list, tuple)):
+        return spooled(pieces, SPILLS if spills is None else spills)
+    return pieces
+
+
+def _listed(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer] | Iterator[Buffer]:
+    """The flat pieces of ``data`` (see :func:`pieces_of`): a list or tuple of them, or,
+    for an iterable other than a list or tuple, an iterator that flattens each as it is
+    handed over."""
     if type(data) is list or type(data) is tuple:  # the usual: a few pieces, a row's one
         return [_flat(piece) for piece in data]
     if isinstance(data, (bytes, bytearray, memoryview)):
@@ -147,21 +165,91 @@ def pieces_of(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer]:
         listed = iter(data)
     except TypeError:
         raise TypeError(f"{_KEPT}, got a `{type(data).__name__}`") from None
-    return [_taken(_flat(piece)) for piece in listed]
+    return map(_flat, listed)
 
 
-def _taken(piece: Buffer) -> Buffer:
-    """``piece``, handed over by an iterable that may write into it once asked for the next
-    one, as bytes that cannot change: itself when :func:`steady`, a copy otherwise."""
-    return piece if steady(piece) else bytes(piece)
+class Spills:
+    """Where a store holds the bytes an iterator (a generator) hands it past the first
+    :data:`FROZEN_RUN` until they are kept (see :func:`spooled`): a file with no name in
+    the system's temporary folder, gone once they are let go of, or the process ends. A
+    home on a local disk makes it in its own ``tmp/``."""
+
+    def _spill_file(self) -> IO[bytes]:
+        """A new file with no name, open for writing and reading."""
+        return tempfile.TemporaryFile()
+
+    def _spill_failed(self, why: OSError) -> StoreError:
+        """The error for ``why``, what a write to a file of :meth:`_spill_file` raised."""
+        where = f"a temporary file in {tempfile.gettempdir()}"
+        if why.errno in FULL:
+            return StoreFull(
+                f"could not hold the bytes an iterator handed over in {where}: no space left "
+                f"({why.strerror}). Nothing was kept; free space there, or point TMPDIR at "
+                "a folder with room"
+            )
+        return StoreError(
+            f"could not hold the bytes an iterator handed over in {where}: {why}. Nothing was kept"
+        )
+
+
+SPILLS = Spills()
+"""Where a store that names no place of its own holds what an iterator hands it."""
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+"""What the filesystem says when it has no room left for this process (a full disk, a
+quota reached)."""
+
+
+class _Spilled(mmap.mmap):
+    """A file :func:`spooled` wrote, mapped: no one else has it, and it never changes."""
+
+
+def spooled(pieces: Iterable[Buffer], spills: Spills) -> list[Buffer]:
+    """``pieces``, flat, handed over one at a time by an iterable that may write into each
+    once asked for the next (``f.readinto(buf)``), as runs that cannot change, each taken
+    as it held when it was handed over: held in memory while they add up to
+    :data:`FROZEN_RUN` bytes at most (a steady one as it is, any other copied); past that,
+    every one is written to a file of ``spills`` as it comes, and they are handed back as
+    views of it mapped, :data:`FROZEN_RUN` bytes each. A home hashes the pieces, then
+    writes them (and may upload them again): an iterator is not asked twice, and however
+    much it streams, a put holds about :data:`FROZEN_RUN` bytes of it in memory."""
+    held: list[Buffer] = []
+    size = 0
+    with contextlib.ExitStack() as stack:
+        out: IO[bytes] | None = None
+        for piece in pieces:
+            size += len(piece)
+            if out is None and size <= FROZEN_RUN:
+                held.append(piece if steady(piece) else bytes(piece))
+                continue
+            try:
+                if out is None:
+                    out = stack.enter_context(spills._spill_file())
+                    out.writelines(held)
+                    held = []
+                out.write(piece)
+            except OSError as why:
+                raise spills._spill_failed(why) from why
+        if out is None:
+            return held
+        try:
+            out.flush()
+            view = memoryview(_Spilled(out.fileno(), size, access=mmap.ACCESS_READ))
+        except OSError as why:
+            raise spills._spill_failed(why) from why
+    return [view[start : start + FROZEN_RUN] for start in range(0, size, FROZEN_RUN)]
 
 
 def joined_items(
-    keys: Sequence[str], data: Buffer | Sequence[Buffer], lengths: Iterable[int]
+    keys: Sequence[str],
+    data: Buffer | Sequence[Buffer],
+    lengths: Iterable[int],
+    spills: Spills | None = None,
 ) -> tuple[list[str], Sequence[Buffer], list[int]]:
     """The keys, flat pieces and lengths of items given end to end (see
     :meth:`~somatize.store.Store.keep_joined`), checked before anything is written: a
-    length for each key, none negative, adding up to the bytes ``data`` holds."""
+    length for each key, none negative, adding up to the bytes ``data`` holds (what an
+    iterator hands over held in ``spills``, see :func:`pieces_of`)."""
     listed = list(keys)
     try:
         sizes = array.array("q", lengths)  # ints, in one pass in C
@@ -171,7 +259,7 @@ def joined_items(
         raise ValueError(f"{len(listed)} keys for {len(sizes)} item lengths: one each")
     if sizes and min(sizes) < 0:
         raise ValueError(f"an item length is a count of bytes, got {min(sizes)}")
-    pieces = pieces_of(data)
+    pieces = pieces_of(data, spills)
     held, asked = sum(map(len, pieces)), sum(sizes)
     if held != asked:
         raise ValueError(
@@ -228,9 +316,9 @@ def _holds_references(form: str) -> bool:
     return "O" in form and "O" in re.sub(r":[^:]*:", "", form)
 
 
-_STEADY_KINDS: set[type] = {bytes}
-"""The classes whose buffers never change once made: ``bytes``, and those taken in by
-:func:`take_as_steady`."""
+_STEADY_KINDS: set[type] = {bytes, _Spilled}
+"""The classes whose buffers never change once made: ``bytes``, a file :func:`spooled`
+mapped, and those taken in by :func:`take_as_steady`."""
 
 
 def take_as_steady(kind: type) -> None:
@@ -339,7 +427,7 @@ def hash_bytes(data: Buffer | mmap.mmap) -> str:
     return "blake3:" + blake3.blake3(data, max_threads=hash_threads()).hexdigest()
 
 
-class PackedHome(Store):
+class PackedHome(Spills, Store):
     """A home of the store, less the primitives that depend on where its files are."""
 
     signer: Signer | None
@@ -678,7 +766,7 @@ class PackedHome(Store):
     ) -> Answer:
         check_digest(key)
         check_labels(codec, fingerprint)
-        pieces = pieces_of(data)
+        pieces = pieces_of(data, self)
         with self._keeping() as claims:  # the blob is this keep's until its record is out
             digest = self._put(pieces, claims)
             answer = self._record(key, digest, codec, nbytes(pieces), fingerprint)
@@ -702,10 +790,8 @@ class PackedHome(Store):
         # item given as an iterator of pieces (a generator) would be used up by measuring it.
         # Items an iterator hands over (a generator filling one buffer again for each) are
         # taken as they are then, as the pieces of one are (see pieces_of).
-        if type(items) is list or type(items) is tuple:
-            listed = [(key, pieces_of(data)) for key, data in items]
-        else:
-            listed = [(key, list(map(_taken, pieces_of(data)))) for key, data in items]
+        handed = type(items) is not list and type(items) is not tuple
+        listed = [(key, pieces_of(data, self, handed=handed)) for key, data in items]
         return keep_packed(self, listed, codec, fingerprint)
 
     def keep_joined(
@@ -719,7 +805,7 @@ class PackedHome(Store):
         """Keeps items given end to end as :meth:`keep_many` keeps them — packed, an item
         of 1 MiB or more on its own — each pack's blob written from views of ``data``."""
         check_labels(codec, fingerprint)
-        listed, pieces, sizes = joined_items(keys, data, lengths)
+        listed, pieces, sizes = joined_items(keys, data, lengths, self)
         keep_packed_joined(self, listed, pieces, sizes, codec, fingerprint)
 
     def _created_after(self, keys: Sequence[str], now: float) -> float:

@@ -728,10 +728,12 @@ class JoinedWrite:
         to be kept at the close; refused, with none of them taken, as :meth:`Store.keep_joined`
         refuses them (a length for each key, adding up to the data's bytes; keys that are
         digests)."""
-        from somatize.store._packed import joined_items
+        from somatize.store._packed import Spills, joined_items
 
         self._still_open()
-        listed, pieces, sizes = joined_items(keys, data, lengths)
+        store = self.store
+        spills = store if isinstance(store, Spills) else None
+        listed, pieces, sizes = joined_items(keys, data, lengths, spills)
         check_digests(listed)
         self._taken(listed, pieces, sizes)
 

@@ -48,7 +48,7 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import IO, Any, cast
 from urllib.parse import urlsplit
 
 from somatize import canonical
@@ -724,8 +724,16 @@ class BucketStore(BucketShelf):
         if self.cache is not None:
             self.cache._unclaim(claims)
 
+    def _spill_file(self) -> IO[bytes]:
+        """In the cache in front, on a local disk the user chose, where it can be made there
+        (the system's temporary folder may be held in memory)."""
+        if self.cache is not None:
+            with contextlib.suppress(OSError):
+                return self.cache._spill_file()
+        return super()._spill_file()
+
     def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
-        pieces = frozen(pieces_of(data))  # what is hashed is what is uploaded
+        pieces = frozen(pieces_of(data, self))  # what is hashed is what is uploaded
         digest = digest_of(pieces)
         self._claim(digest, claims)
         size = nbytes(pieces)

@@ -60,7 +60,6 @@ from typing import Any
 
 from somatize._threads import hash_read
 from somatize.store._local_files import (
-    _FULL,
     _READ_ONLY,
     NotAFile,
     Stamp,
@@ -71,7 +70,7 @@ from somatize.store._local_files import (
     stamp_of,
 )
 from somatize.store._local_upkeep import LocalShelf, _write_uses
-from somatize.store._packed import hash_bytes
+from somatize.store._packed import FULL, hash_bytes
 from somatize.store.base import (
     Answer,
     BadAddress,
@@ -251,7 +250,7 @@ class LocalStore(LocalShelf):
             try:
                 (self.root / part).mkdir(parents=True, exist_ok=True)
             except OSError as why:
-                if why.errno in (*_READ_ONLY, *_FULL) and self.root.is_dir():
+                if why.errno in (*_READ_ONLY, *FULL) and self.root.is_dir():
                     # A store this process may not write, or on a disk with no room for a
                     # folder, copied without its empty folders (`aws s3 sync`, git): it is
                     # read (and collected) as it is, and a write that needs a folder makes it
