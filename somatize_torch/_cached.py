@@ -67,14 +67,17 @@ from somatize_torch.codec import TENSOR, memory_order
 from somatize_torch.digest import DTYPES, digest_tensor, plain
 from somatize_torch.freeze import (
     ModuleNode,
+    check_still,
     drew_as_it_ran,
     drew_at_random,
     few,
     generator_states,
-    keep_held,
+    held_for_call,
+    is_held,
 )
 
 if TYPE_CHECKING:
+    from somatize import Store
     from somatize_torch.wrap import Wrapped
 
 
@@ -90,16 +93,19 @@ class _Declared(nn.Module):
         object.__setattr__(self, "node", node)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # Nothing is recalled or kept for its call, nor keyed by its answer: released since
+        # it was frozen, the module runs in the mode its user left it in (`update_bn`
+        # re-estimating its BatchNorm in train mode); held, a part put in train mode is
+        # warned of and put back in eval.
         module = self.node.module
-        frozen = self.node._watch is not None  # by `freeze` (and released since, or not)
         if not torch.compiler.is_compiling():
-            if frozen:
-                keep_held(self.node._smz.name or "?", module)
-        elif any(part.training for part in module.modules()) and frozen:
+            if is_held(module):
+                check_still(self.node._smz.name or "?", module)
+        elif any(part.training for part in module.modules()) and is_held(module):
             # Compiled code asks only for the parts' training flags, which torch.compile
             # guards on (no graph break): a part put in train mode has the call compiled
             # anew, and it is warned of and put back in eval eagerly, before it runs.
-            _keep_held_eagerly(self.node._smz.name or "?", module)
+            _check_still_eagerly(self.node._smz.name or "?", module)
         return self.call(*args, **kwargs)
 
 
@@ -401,14 +407,28 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     node = self.node
     name = node._smz.name or "?"
     store = self.owner.store
+    held = node if self.base is None else self.base.node
     if store is None or all(a is None for a in (*args, *kwargs.values())):
         # Handed no tensor (every argument None, left so in the call), there is nothing
         # the answer is keyed by beside the node: it is computed, as the model computes it,
-        # frozen all the same (a part put in train mode is put back in eval, as it warns).
-        held = node if self.base is None else self.base.node
-        if not torch.compiler.is_compiling() and held._watch is not None:
-            keep_held(name, held.module)
+        # and nothing is kept (a part of a held module put in train mode is put back in
+        # eval, as it warns; a released one runs in the mode its user left it in).
+        if not torch.compiler.is_compiling() and is_held(held.module):
+            check_still(name, held.module)
         return self.call(*args, **kwargs)
+    if held._watch is None:
+        return _keyed_call(self, name, store, args, kwargs)
+    # Released since it was frozen, the module is held in eval for this call, whose answer
+    # is recalled or kept, and let go of after it in the mode its user left it in.
+    with held_for_call(name, held.module):
+        return _keyed_call(self, name, store, args, kwargs)
+
+
+def _keyed_call(
+    self: _Cached, name: str, store: Store, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """:func:`_recall_or_run` of a call keyed by the tensors it is handed."""
+    node = self.node
     if jit_tracing():
         raise traced(name, JIT_TRACE)
     if kwargs:
@@ -596,8 +616,8 @@ def _placed(out: Any, device: torch.device) -> Any:
 
 _remember: Callable[..., Any] = outside_compiled(_recall_or_run)
 """The one deliberate graph break per cached node: the store is asked outside compiled code."""
-_keep_held_eagerly: Callable[..., Any] = outside_compiled(keep_held)
-""":func:`~somatize_torch.freeze.keep_held` in a compiled call, made eagerly: compiled
+_check_still_eagerly: Callable[..., Any] = outside_compiled(check_still)
+""":func:`~somatize_torch.freeze.check_still` in a compiled call, made eagerly: compiled
 code cannot warn, and a part put back in eval there would not be seen by the code after
 it, compiled for the part in train mode."""
 

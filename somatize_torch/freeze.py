@@ -281,9 +281,10 @@ def is_held(module: nn.Module) -> bool:
 def release(module: nn.Module, mode: bool = True) -> None:
     """Undoes :func:`freeze`'s hold on eval of ``module`` (one unfrozen to train it):
     ``train()`` is its class's again, and it is put in ``mode``, train mode by default.
-    Gradients are the caller's to turn on (``requires_grad_(True)``). Frozen again
-    (``requires_grad_(False)``), the next forward of its cache or wrapped model holds it
-    in eval again and digests its weights anew."""
+    Gradients are the caller's to turn on (``requires_grad_(True)``). Trained and frozen
+    again (``requires_grad_(False)``), the next forward of its cache or graph holds it in
+    eval again and digests its weights anew; called there before it trained, it is held
+    in eval for that call only (:func:`held_for_call`)."""
     if not isinstance(module, nn.Module):
         raise TypeError(
             f"release takes an nn.Module (a frozen module unfrozen to train it), got a "
@@ -315,6 +316,10 @@ def hold(module: nn.Module) -> None:
     module.requires_grad_(False)
     for parameter in module.parameters():
         parameter.grad = None
+    with _for_calls_lock:
+        shared = _for_calls.get(id(module))
+        if shared is not None:  # held for calls only until now: for good from here
+            shared[2] = True
     _in_eval(module)
     if not is_held(module):
         held = _HeldInEval(module)
@@ -488,14 +493,56 @@ def held_while(module: nn.Module) -> Iterator[None]:
         found.put_back(gradients=True)
 
 
+@contextlib.contextmanager
+def held_for_call(name: str, module: nn.Module) -> Iterator[None]:
+    """For a call of a frozen ``module`` whose answer is recalled or kept, or keys answers
+    that are: a part of it put in train mode directly is warned of and put back in eval
+    (:func:`check_still`); the module released since it was frozen (:func:`release`,
+    which puts it in train mode), none of its parameters requiring grad, is held in eval
+    for the call only (:func:`held_while`), and let go of after it as it was found, its
+    mode and ``train()`` the user's again. Left in train mode, it would run so where
+    nothing is recalled (a BatchNorm on batch statistics, moving its running ones; a
+    dropout drawing) and answer as in eval where something is. Calls at once (threads, or
+    one inside another) share one hold, let go of as the last of them ends: the first to
+    end would put the module back in train mode under the others."""
+    with _for_calls_lock:
+        shared = _for_calls.get(id(module))
+        if shared is not None:
+            shared[1] += 1
+        elif not is_held(module) and not any(p.requires_grad for p in module.parameters()):
+            found = AsFound.take(module)
+            hold(module)
+            shared = _for_calls[id(module)] = [found, 1, False]
+    if shared is None and is_held(module):
+        check_still(name, module)
+    try:
+        yield
+    finally:
+        if shared is not None:
+            with _for_calls_lock:
+                shared[1] -= 1
+                if not shared[1]:
+                    del _for_calls[id(module)]
+                    if not shared[2]:
+                        shared[0].put_back(gradients=True)
+
+
+_for_calls: dict[int, list[Any]] = {}
+"""Each module held for calls only (:func:`held_for_call`), by its id: how it was found,
+to be put back so, how many calls share the hold, and whether it was held for good
+meanwhile (:func:`hold`: its weights changed since it was frozen, and it is frozen again
+at them), which no call lets go of."""
+
+_for_calls_lock = ProcessLock()
+"""Held while :data:`_for_calls` is changed or looked at."""
+
+
 def keep_held(name: str, module: nn.Module) -> None:
-    """Before a frozen ``module`` runs or its answer is recalled: a part of it put in train
-    mode directly is warned of and put back in eval (:func:`check_still`); the module
-    released since it was frozen (:func:`release`, which puts it in train mode) and frozen
-    again, none of its parameters requiring grad, is held in eval again, as one trained
-    and frozen again is. Left in train mode, it would run so where nothing is recalled (a
-    BatchNorm on batch statistics, moving its running ones; a dropout drawing) and answer
-    as in eval where something is."""
+    """Before a frozen ``module`` that is itself a graph's node runs or its answer is
+    recalled (its forward its own, which nothing holds for the call): a part of it put in
+    train mode directly is warned of and put back in eval (:func:`check_still`); the
+    module released since it was frozen and frozen again, none of its parameters
+    requiring grad, is held in eval again, as one trained and frozen again is."""
     if is_held(module):
         check_still(name, module)
     elif not any(parameter.requires_grad for parameter in module.parameters()):
@@ -897,8 +944,18 @@ class ModuleNode(Node):
         self._settings = None
 
     def forward(self, x: Any, ctx: Any) -> Any:
-        if is_held(self.module):
-            check_still(ctx.name if ctx is not None else repr(self), self.module)
+        name = ctx.name if ctx is not None else repr(self)
+        if self._watch is None:  # not frozen by `freeze`: its modes are its own
+            if is_held(self.module):
+                check_still(name, self.module)
+            return self._run(x, ctx)
+        # Its answer is kept, or keys those of the cached nodes below it: released since it
+        # was frozen, the module runs in eval all the same, and is let go of after.
+        with held_for_call(name, self.module):
+            return self._run(x, ctx)
+
+    def _run(self, x: Any, ctx: Any) -> Any:
+        """:meth:`forward`, the module held as it is to run."""
         # Where the call is the module's own (not a wrapped model's cached part, which
         # refuses a draw itself), a frozen node's answer is refused if the module drew:
         # kept, or keying the answers of the cached nodes below it (by what it was handed,
@@ -1011,19 +1068,26 @@ def restated(
     module: nn.Module,
     watch: StateWatch | None,
     tied: Callable[[], None] | None = None,
+    *,
+    for_good: bool = False,
 ) -> tuple[str | None, StateWatch | None]:
     """What :meth:`ModuleNode.restate` answers of ``module``, frozen at a state ``watch``
     has watched since (named ``name`` in a warning), and the watch from here on: the
     digest of its state if it changed since, the module held frozen again; None if
     nothing changed, a part put in train mode directly put back in eval, with a warning.
-    On a change, ``tied`` (if given) is called before the module is held: holding it
-    would turn off the gradient of a parameter put in since that a part left to train
-    holds too."""
+    The module released since, called with its gradients off, is left as its user left
+    it: the call holds it in eval for its run (:func:`held_for_call`); with ``for_good``
+    (a node that is itself the module, whose forward nothing holds it for), it is held in
+    eval again here (:func:`keep_held`). On a change, ``tied`` (if given) is called
+    before the module is held: holding it would turn off the gradient of a parameter put
+    in since that a part left to train holds too."""
     # Thoroughly: a conversion (`encoder.double()`) swaps each tensor's memory and
     # bumps no version counter, and the answers it computes after are others.
     if watch is None or not watch.changed(thorough=True):
-        if watch is not None:  # frozen, and no parameter came to require grad since
+        if watch is not None and for_good:  # frozen, and no parameter came to require grad since
             keep_held(name, module)
+        elif is_held(module):
+            check_still(name, module)
         return None, watch
     unfrozen = watch.unfrozen(module)
     if unfrozen:
@@ -1064,7 +1128,8 @@ def _restate_module(node: Any) -> str | None:
     of its own state, watched from ``freeze`` on. Its class says nothing of its weights,
     and a checkpoint loaded into it after ``freeze`` went on being keyed by the weights
     before."""
-    state, watch = restated(node._smz.name or type(node).__qualname__, node, vars(node).get(_WATCH))
+    name = node._smz.name or type(node).__qualname__
+    state, watch = restated(name, node, vars(node).get(_WATCH), for_good=True)
     if watch is not None:
         vars(node)[_WATCH] = watch
     if state is not None:

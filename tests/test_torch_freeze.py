@@ -180,15 +180,16 @@ def test_frozen_module_put_back_in_train_mode_warns() -> None:
 
 
 @pytest.mark.parametrize("cached", [True, False])
-def test_a_frozen_module_released_and_called_untrained_is_held_in_eval_again(
+def test_a_frozen_module_released_and_called_untrained_answers_as_in_eval(
     store: Store, cached: bool
 ) -> None:
     """A frozen node's module released (``release``, which puts it in train mode) and
-    called again with its gradients still off is frozen again at that forward, as one
-    trained and frozen again is: held in eval, its answer the one it gives in eval,
-    recalled or computed, its BatchNorm statistics unmoved. It ran in train mode where
-    nothing was recalled (its dropout drawing, refused; its BatchNorm moving its running
-    statistics) and answered as in eval where something was, left in train mode."""
+    called again with its gradients still off answers as in eval, recalled or computed,
+    its BatchNorm statistics unmoved: its answer is kept, or keys those of the nodes below
+    it. It is held in eval for the call only, and left as released, in train mode, with
+    ``.eval()`` and ``.train()`` working. It ran in train mode where nothing was recalled
+    and answered as in eval where something was; then it was held in eval for good, and
+    a fine-tuning turning its gradients on after such a call ran in eval."""
     encoder = _encoder()
     node = smt.ModuleNode(encoder).named("encoder").frozen()
     g = Graph.somatize(node.cached() if cached else node)
@@ -199,9 +200,12 @@ def test_a_frozen_module_released_and_called_untrained_is_held_in_eval_again(
     for x in (known, new):
         smt.release(encoder)
         out = g.forward(Opaque(x), store=store)
-        assert smt.is_held(encoder) and not any(part.training for part in encoder.modules())
+        assert not smt.is_held(encoder) and all(part.training for part in encoder.modules())
+        encoder.eval()
         with torch.no_grad():
             assert torch.equal(out, encoder(x))
+        encoder.train()
+        assert all(part.training for part in encoder.modules())
     assert torch.equal(encoder.norm.running_mean, statistics)
 
 

@@ -350,19 +350,17 @@ def test_an_unfrozen_encoder_released_trains_and_freezes_again(store: Store) -> 
     assert smt.is_held(encoder) and not encoder.training
 
 
-@pytest.mark.parametrize("cached", [["encoder"], []])
-def test_an_encoder_released_and_called_untrained_is_held_in_eval_again(
-    store: Store, cached: list[str]
+def test_a_cached_encoder_released_and_called_untrained_answers_as_in_eval(
+    store: Store,
 ) -> None:
-    """A frozen encoder released (``release``, which puts it in train mode) and called
-    through the wrapped model with its gradients still off is frozen again at that
-    forward, cached or not: held in eval, answering as in eval, its BatchNorm statistics
-    unmoved. It was left in train mode: a cached one recalled its answer in eval for a
-    batch it knew and was refused (`WrapError`, its BatchNorm counting) for a new one, and
-    one not cached ran in train mode, moving its statistics at every call."""
+    """A frozen, cached encoder released (``release``, which puts it in train mode) and
+    called through the wrapped model with its gradients still off answers as in eval,
+    recalled or computed, its BatchNorm statistics unmoved, and is left as released, in
+    train mode. It was left in train mode and recalled its answer in eval for a batch it
+    knew and was refused (`WrapError`, its BatchNorm counting) for a new one; then it was
+    held in eval for good."""
     model = _model()
-    wrapped = smt.wrap(model, frozen=["encoder"], cached=cached, store=store)
-    smt.freeze(wrapped)
+    wrapped = _encoder_frozen(model, store)
     encoder = wrapped.encoder
     known, new = torch.randn(4, 6), torch.randn(4, 6)
     wrapped(known)
@@ -370,10 +368,60 @@ def test_an_encoder_released_and_called_untrained_is_held_in_eval_again(
     for x in (known, new):
         smt.release(encoder)
         out = wrapped(x)
-        assert smt.is_held(encoder) and not any(part.training for part in encoder.modules())
+        assert not smt.is_held(encoder) and all(part.training for part in encoder.modules())
         with torch.no_grad():
-            assert torch.equal(out, model(x))
+            assert torch.equal(out, model.eval()(x))
+        model.train()
+    assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2, "recalled": 1}
     assert torch.equal(encoder.norm.running_mean, statistics)
+
+
+@pytest.mark.parametrize("cached", [["encoder"], []])
+def test_an_encoder_released_fine_tunes_after_a_pass_without_gradients(
+    store: Store, cached: list[str]
+) -> None:
+    """A frozen encoder released, called through the wrapped model under
+    ``torch.no_grad()`` (a sanity pass before training), then given its gradients back
+    and put in train mode trains in train mode, its BatchNorm on batch statistics: the
+    pass held it in eval for good, and ``train()`` was silently ignored."""
+    model = _model()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=cached, store=store)
+    smt.freeze(wrapped)
+    encoder = wrapped.encoder
+    x = torch.randn(4, 6)
+    wrapped(x)
+    smt.release(encoder)
+    with torch.no_grad():
+        wrapped(x)
+    encoder.requires_grad_(True)
+    wrapped.train()
+    assert not smt.is_held(encoder) and all(part.training for part in encoder.modules())
+    before = encoder.norm.running_mean.clone()
+    encoder(x - model.shift).sum().backward()
+    assert not torch.equal(encoder.norm.running_mean, before)
+    assert all(p.grad is not None for p in encoder.parameters())
+    wrapped.eval()
+    assert not encoder.training
+
+
+def test_update_bn_re_estimates_a_released_encoder_not_cached(store: Store) -> None:
+    """``torch.optim.swa_utils.update_bn`` run on a wrapped model whose frozen encoder
+    (not cached: nothing is recalled or kept for it) was released re-estimates its
+    BatchNorm statistics in train mode, as on the model unwrapped: they were reset and
+    left at zero, the encoder held in eval at the first batch, with no error or warning."""
+    loader = [torch.randn(4, 6) * 3 + 1 for _ in range(3)]
+    plain = _model()
+    torch.optim.swa_utils.update_bn(loader, plain)
+    model = _model()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    encoder = wrapped.encoder
+    wrapped(loader[0])
+    smt.release(encoder)
+    torch.optim.swa_utils.update_bn(loader, wrapped)
+    assert torch.allclose(encoder.norm.running_mean, plain.encoder.norm.running_mean)
+    assert torch.allclose(encoder.norm.running_var, plain.encoder.norm.running_var)
+    assert not smt.is_held(encoder) and encoder.training
 
 
 def test_each_threads_cached_call_counts_what_it_did(
