@@ -272,7 +272,11 @@ class Wrapped(nn.Module):
         parts.watch(model)
         self.counts: dict[str, dict[str, int]] = {}
         """Per cached node, how many times each fact (``ran``, ``recalled``, ``kept``) happened."""
-        signature = _signature_of(model)
+        self._sign_forward()
+
+    def _sign_forward(self) -> None:
+        """Gives ``forward`` the model's signature, where it has one."""
+        signature = _signature_of(self.model)
         if signature is not None:
             forward = types.FunctionType(
                 _forward.__code__, _forward.__globals__, "forward", None, _forward.__closure__
@@ -357,11 +361,21 @@ class Wrapped(nn.Module):
         self._follow()  # assigned tensors replace those the segments hold
         return loaded
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The forward given the model's signature is made again where the copy is loaded:
+        # pickled, it would be read back as the plain `forward`, with no signature, and
+        # cloudpickle (a Ray task's arguments) would pickle its code by value, with the
+        # globals of this module.
+        state: dict[str, Any] = super().__getstate__()  # type: ignore[no-untyped-call]
+        state.pop("forward", None)
+        return state
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)  # type: ignore[no-untyped-call]
         # A copy's tables are its own: what it watched of the model's were those of the
         # model copied, which a copied module does not keep (it fills a table of its own).
         self._parts.watch(self.model)
+        self._sign_forward()
 
     def _follow(self) -> None:
         """Points the fx segments at the parts the model holds now, if any was replaced."""

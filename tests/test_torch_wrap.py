@@ -181,6 +181,27 @@ def test_wrapped_keeps_signature_parameters_and_state_dict_keys(store: Store) ->
     assert all(a is b for a, b in zip(wrapped.parameters(), model.parameters(), strict=True))
 
 
+def test_a_wrapped_model_is_pickled_by_cloudpickle_with_its_signature(store: Store) -> None:
+    """A wrapped model sent to a Ray task (pickled by cloudpickle) was refused with a raw
+    ``TypeError: cannot pickle '_thread._local' object``: its forward, made with the model's
+    signature, was pickled by value with this library's globals. Loaded from
+    ``torch.save``, its forward had lost the signature. Both now answer as the model, with
+    its signature."""
+    cloudpickle = pytest.importorskip("cloudpickle")
+    model = _model()
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        plain = model(x)
+    for again in (
+        cloudpickle.loads(cloudpickle.dumps(wrapped)),
+        *_pickled_and_copied(wrapped),
+    ):
+        assert inspect.signature(again.forward) == inspect.signature(model.forward)
+        with torch.no_grad():
+            assert torch.equal(again(x), plain)
+
+
 def test_wrapped_graph_has_one_node_per_declared_submodule(store: Store) -> None:
     """The graph is the fx segments around one node named by the submodule's path."""
     wrapped = _wrapped(store)
