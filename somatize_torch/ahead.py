@@ -81,8 +81,11 @@ raised as it is, it would end the loop as the loader's end does. Naming that fai
 as it starts or on the other thread, costs no batch: the batch is handed out all the
 same, and its forward names the rows itself, raising what is wrong with them if
 anything is. :class:`Ahead` passes ``len()`` and any attribute (``sampler``,
-``dataset``, …) through to the loader, so code that inspects a DataLoader still works
-on it. With no content-keyed cache to name for it is the loader itself.
+``dataset``, …) through to the loader, and sets on the loader an attribute set on it
+(Lightning's ``_iterator = None`` as a stage ends, which has a loader with persistent
+workers start them again at its next ``iter()``), so code that inspects or resets a
+DataLoader still works on it. With no content-keyed cache to name for it is the loader
+itself.
 
 This module holds :class:`Ahead` (what it is given, which pass it makes over the
 loader, which tensor of an item it names, and what it concludes from what a pass
@@ -121,6 +124,23 @@ T = TypeVar("T")
 _UNUSED_LIMIT = 4
 """Batches named for a cache beyond ``depth``, with none of them used by its forward,
 after which the thread stops naming for it."""
+
+
+_OWN = frozenset(
+    (
+        "loader",
+        "caches",
+        "inputs",
+        "depth",
+        "draws",
+        "reuses",
+        "_found",
+        "_paths",
+        "_unused",
+        "_used",
+    )
+)
+"""What an :class:`Ahead` keeps of its own; every other attribute is its loader's."""
 
 
 def _at(item: Any, path: Path) -> Any:
@@ -179,16 +199,18 @@ class Ahead(Generic[T]):
         return len(self.loader)  # type: ignore[arg-type]  # TypeError for an unsized loader, as len() gives
 
     def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or name in (
-            "loader",
-            "caches",
-            "inputs",
-            "depth",
-            "draws",
-            "reuses",
-        ):
+        if name.startswith("__") or name in _OWN:
             raise AttributeError(name)
         return getattr(self.loader, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # An attribute set from outside is the loader's, as one read is: Lightning ends a
+        # stage by setting `_iterator = None` on each loader it holds, so that the next
+        # `iter()` of a loader with persistent workers starts them again.
+        if name in _OWN:
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.loader, name, value)
 
     def __iter__(self) -> Iterator[T]:
         # The loader's iterator is made here, not at the first batch: making it may draw

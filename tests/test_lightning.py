@@ -148,6 +148,36 @@ def test_from_the_second_epoch_each_batch_is_named_ahead(tmp_path: Path) -> None
     assert torch.equal(models[True].head.weight, models[False].head.weight)
 
 
+def test_loaders_with_persistent_workers_fetched_ahead_serve_the_stages_after_the_fit(
+    tmp_path: Path,
+) -> None:
+    """Loaders with persistent workers, fetched ahead in the fit's third epoch, then
+    handed to `validate` and `test`: Lightning shuts their workers down as the fit ends,
+    and the next stage starts them again, as it does without the callback."""
+
+    def persistent(dataset: Any, **options: Any) -> Any:
+        return torch.utils.data.DataLoader(
+            dataset, batch_size=16, num_workers=1, persistent_workers=True, **options
+        )
+
+    losses = []
+    for cached in (True, False):
+        train = persistent(
+            loader().dataset, shuffle=True, generator=torch.Generator().manual_seed(7)
+        )
+        val = persistent(torch.utils.data.TensorDataset(*data(2)))
+        callbacks = [CacheFrozen(tmp_path / "store", ["encoder"])] if cached else []
+        fit = trainer(tmp_path / str(cached), 3, callbacks=callbacks)
+        model = Probe()
+        fit.fit(model, train, val)
+        if cached:
+            assert callbacks[0].cached["encoder"].used_ahead > 0
+        losses.append(
+            (fit.validate(model, val, verbose=False), fit.test(model, val, verbose=False))
+        )
+    assert losses[0] == losses[1]
+
+
 class TakingTurns:
     """A loader of no length handing out its images in two buffers in turn, each filled in
     place: Lightning, which fetches the next batch of such a loader before it runs the step
