@@ -507,7 +507,8 @@ def test_an_encoder_a_modules_setup_puts_inside_another_is_handed_back_plain(
 
 def test_an_encoder_put_back_uncached_stays_so_in_a_later_fit(tmp_path: Path) -> None:
     """A second fit of the same model, after a schedule put its encoder back uncached,
-    leaves it as it is: not cached (and frozen) again."""
+    leaves it as it is: not cached (and frozen) again; and so does an evaluation after it,
+    the encoder frozen again or not (docs/lightning.md)."""
     model = Finetuned()
     model.backbone = model.encoder
     callback = CacheFrozen(None, ["encoder"])
@@ -517,6 +518,10 @@ def test_an_encoder_put_back_uncached_stays_so_in_a_later_fit(tmp_path: Path) ->
         warnings.simplefilter("error", FrozeTrainable)
         trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader())
     assert not isinstance(model.encoder, CachedRows) and model.encoder.conv.weight.requires_grad
+    model.encoder.requires_grad_(False)  # frozen again: an evaluation leaves it uncached too
+    kept = len(callback.history)
+    trainer(tmp_path, 1, callbacks=[callback]).validate(model, loader(shuffle=False))
+    assert not isinstance(model.encoder, CachedRows) and len(callback.history) == kept
 
 
 class _Dropping(nn.Module):
