@@ -404,6 +404,14 @@ def test_items_of_a_generator_filling_one_buffer_are_kept_each_under_its_key(
     ]
 
 
+def on_disk(where: Path, kind: str) -> Store:
+    """A store of ``kind`` kept on this disk: one of STORES, or ``file-cached``, a
+    ``file://`` bucket with a cache in front."""
+    if kind == "file-cached":
+        return Store.on_bucket(f"file://{where}/file", cache=where / "cache")
+    return dict(STORES)[kind](where)
+
+
 @pytest.mark.parametrize("kind", ["local", "local-durable", "file", "file-cached"])
 def test_a_generator_streamed_into_a_store_is_never_held_whole(tmp_path: Path, kind: str) -> None:
     """A put, keep or keep_many handed a generator of 64 MiB, 1 MiB at a time over one
@@ -413,10 +421,7 @@ def test_a_generator_streamed_into_a_store_is_never_held_whole(tmp_path: Path, k
     (A `memory://` bucket, and moto's S3 in this process, hold the blob in memory.)"""
     import tracemalloc
 
-    if kind == "file-cached":
-        store = Store.on_bucket(f"file://{tmp_path}/file", cache=tmp_path / "cache")
-    else:
-        store = dict(STORES)[kind](tmp_path)
+    store = on_disk(tmp_path, kind)
     piece, count = 1 << 20, 64
     whole = blake3.blake3()
     for index in range(count):
@@ -443,6 +448,31 @@ def test_a_generator_streamed_into_a_store_is_never_held_whole(tmp_path: Path, k
     assert fresh.verify().ok
     assert {fresh.answer(KEY).value, fresh.answer(other).value} == {digest}  # type: ignore[union-attr]
     assert len(fresh.get(digest)) == piece * count
+
+
+@pytest.mark.parametrize("kind", ["local", "file", "file-cached"])
+def test_a_generator_of_many_large_items_holds_one_file_open(tmp_path: Path, kind: str) -> None:
+    """keep_many handed a generator of items of more than a MiB each holds what it streams
+    in one file, open once: not a file (and a descriptor) per item, which ran a process
+    allowed 1,024 open files out of them at the thousandth item (Too many open files)."""
+    import resource
+
+    store = on_disk(tmp_path, kind)
+    keys = [f"blake3:{i:064x}" for i in range(40)]
+
+    def items() -> Iterator[tuple[str, bytearray]]:
+        for index, key in enumerate(keys):
+            yield key, bytearray([index]) * ((1 << 20) + 16)
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 24, hard))
+    try:
+        store.keep_many(items(), "plain")  # type: ignore[arg-type]
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    fresh = reopen(store)
+    assert [bytes(fresh.recall(key)[1][:1]) for key in keys] == [bytes([i]) for i in range(40)]
+    assert all(len(fresh.recall(key)[1]) == (1 << 20) + 16 for key in keys)
 
 
 def test_a_buffer_of_object_references_is_refused(home: Store) -> None:

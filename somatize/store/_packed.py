@@ -120,7 +120,7 @@ _KEPT = (
 
 
 def pieces_of(
-    data: Buffer | Sequence[Buffer], spills: Spills | None = None, *, handed: bool = False
+    data: Buffer | Sequence[Buffer], spills: Spills | Spool | None = None, *, handed: bool = False
 ) -> Sequence[Buffer]:
     """``data`` as the pieces written one after another, each a flat run of bytes (a
     typed or shaped buffer, of float64 values say, is taken as its bytes). Any object
@@ -129,13 +129,16 @@ def pieces_of(
     an iterable of pieces. The pieces of an iterable other than a list or tuple (a
     generator), which may fill one buffer again for each (``f.readinto(buf)``), are
     taken as each holds when it is handed over, before the next is asked for, and held
-    in ``spills`` past the first :data:`FROZEN_RUN` bytes (see :func:`spooled`); so are
-    those of ``data`` itself, when an iterable ``handed`` it over (an item of a
-    generator of items)."""
+    in ``spills`` past the first :data:`FROZEN_RUN` bytes (see :func:`spooled`), or in
+    the file of a :class:`Spool` that holds those of other items too; so are those of
+    ``data`` itself, when an iterable ``handed`` it over (an item of a generator of
+    items)."""
     pieces = _listed(data)
-    if handed or not isinstance(pieces, (list, tuple)):
-        return spooled(pieces, SPILLS if spills is None else spills)
-    return pieces
+    if not handed and isinstance(pieces, (list, tuple)):
+        return pieces
+    if isinstance(spills, Spool):
+        return spills.take(pieces)
+    return spooled(pieces, SPILLS if spills is None else spills)
 
 
 def _listed(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer] | Iterator[Buffer]:
@@ -207,37 +210,75 @@ class _Spilled(mmap.mmap):
 def spooled(pieces: Iterable[Buffer], spills: Spills) -> list[Buffer]:
     """``pieces``, flat, handed over one at a time by an iterable that may write into each
     once asked for the next (``f.readinto(buf)``), as runs that cannot change, each taken
-    as it held when it was handed over: held in memory while they add up to
-    :data:`FROZEN_RUN` bytes at most (a steady one as it is, any other copied); past that,
-    every one is written to a file of ``spills`` as it comes, and they are handed back as
-    views of it mapped, :data:`FROZEN_RUN` bytes each. A home hashes the pieces, then
-    writes them (and may upload them again): an iterator is not asked twice, and however
-    much it streams, a put holds about :data:`FROZEN_RUN` bytes of it in memory."""
-    held: list[Buffer] = []
-    size = 0
-    with contextlib.ExitStack() as stack:
-        out: IO[bytes] | None = None
+    as it held when it was handed over (see :meth:`Spool.take`). A home hashes the pieces,
+    then writes them (and may upload them again): an iterator is not asked twice, and
+    however much it streams, a put holds about :data:`FROZEN_RUN` bytes of it in memory."""
+    with Spool(spills) as spool:
+        taken = spool.take(pieces)
+    return taken
+
+
+class Spool(contextlib.AbstractContextManager["Spool"]):
+    """One file of a :class:`Spills` that holds what iterators hand over past the first
+    :data:`FROZEN_RUN` bytes of each (the items a generator hands ``keep_many``), mapped
+    once, as the spool is closed: a file and a map per item would keep a descriptor open
+    for each (the map's own) until all are kept, and a generator of a thousand items of
+    2 MiB would run a process allowed 1,024 open files out of them. Left with an error (the
+    iterator raised), the file goes, holding nothing anyone sees."""
+
+    def __init__(self, spills: Spills) -> None:
+        self._spills = spills
+        self._stack = contextlib.ExitStack()
+        self._out: IO[bytes] | None = None
+        self._size = 0
+        self._spilled: list[tuple[list[Buffer], int, int]] = []
+        """Each list :meth:`take` handed back empty, where its bytes start in the file, how
+        many there are: filled with views of the file as the spool is closed."""
+
+    def take(self, pieces: Iterable[Buffer]) -> list[Buffer]:
+        """``pieces``, flat, as runs that cannot change, each taken as it held when it was
+        handed over: held in memory while they add up to :data:`FROZEN_RUN` bytes at most
+        (a steady one as it is, any other copied); past that, every one is written to the
+        spool's file as it comes, and the list handed back is empty until the spool is
+        closed, then holds views of the file mapped, :data:`FROZEN_RUN` bytes each."""
+        held: list[Buffer] = []
+        size = 0
+        start: int | None = None
         for piece in pieces:
             size += len(piece)
-            if out is None and size <= FROZEN_RUN:
+            if start is None and size <= FROZEN_RUN:
                 held.append(piece if steady(piece) else bytes(piece))
                 continue
             try:
-                if out is None:
-                    out = stack.enter_context(spills._spill_file())
-                    out.writelines(held)
+                if self._out is None:
+                    self._out = self._stack.enter_context(self._spills._spill_file())
+                if start is None:
+                    start = self._size
+                    self._out.writelines(held)
                     held = []
-                out.write(piece)
+                self._out.write(piece)
             except OSError as why:
-                raise spills._spill_failed(why) from why
-        if out is None:
-            return held
-        try:
-            out.flush()
-            view = memoryview(_Spilled(out.fileno(), size, access=mmap.ACCESS_READ))
-        except OSError as why:
-            raise spills._spill_failed(why) from why
-    return [view[start : start + FROZEN_RUN] for start in range(0, size, FROZEN_RUN)]
+                raise self._spills._spill_failed(why) from why
+        if start is not None:
+            self._size += size
+            self._spilled.append((held, start, size))
+        return held
+
+    def __exit__(self, *raised: object) -> None:
+        with self._stack:
+            if raised[0] is not None or self._out is None:
+                return
+            try:
+                self._out.flush()
+                mapped = _Spilled(self._out.fileno(), self._size, access=mmap.ACCESS_READ)
+            except OSError as why:
+                raise self._spills._spill_failed(why) from why
+            view = memoryview(mapped)
+            for into, start, size in self._spilled:
+                end = start + size
+                into += (
+                    view[at : min(at + FROZEN_RUN, end)] for at in range(start, end, FROZEN_RUN)
+                )
 
 
 def joined_items(
@@ -790,8 +831,10 @@ class PackedHome(Spills, Store):
         # item given as an iterator of pieces (a generator) would be used up by measuring it.
         # Items an iterator hands over (a generator filling one buffer again for each) are
         # taken as they are then, as the pieces of one are (see pieces_of).
+        # Those past a MiB are held in one file for all (see Spool), mapped once all are in.
         handed = type(items) is not list and type(items) is not tuple
-        listed = [(key, pieces_of(data, self, handed=handed)) for key, data in items]
+        with Spool(self) as spool:
+            listed = [(key, pieces_of(data, spool, handed=handed)) for key, data in items]
         return keep_packed(self, listed, codec, fingerprint)
 
     def keep_joined(
