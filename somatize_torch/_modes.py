@@ -1462,11 +1462,19 @@ def put_back_in_child(put_back: Callable[[], None]) -> Iterator[None]:
 def _put_back_in_child() -> None:
     """Runs in a forked child, on its only thread, before the fork returns there: what the
     trace of another thread of the parent changed for every thread is put back, innermost
-    first. A trace of the thread that forked goes on in the child, and puts back its own."""
+    first. A trace of the thread that forked goes on in the child, and puts back its own.
+    One that fails does not keep the others (the builtins, outermost) as the trace left
+    them: each is put back, and the first failure is raised after, for Python to report."""
     if _installing.held_here():
         return
+    failed: BaseException | None = None
     while _SWAPPED:
-        _SWAPPED.pop()()
+        try:
+            _SWAPPED.pop()()
+        except BaseException as error:  # the rest put back all the same
+            failed = failed or error
+    if failed is not None:
+        raise failed
 
 
 if hasattr(os, "register_at_fork"):

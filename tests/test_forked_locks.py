@@ -72,3 +72,26 @@ def test_a_child_forked_while_a_thread_holds_a_lock_of_the_process_takes_it(
 ) -> None:
     with held_elsewhere(_lock(module, name)):
         assert in_forked_child(child, timeout=20) == answer
+
+
+def test_a_child_puts_back_every_change_of_a_trace_when_one_fails_to() -> None:
+    """What a trace of another thread changed for every thread is put back in a forked
+    child, innermost first; one that fails to be put back leaves the others put back all
+    the same (the builtins, outermost), and its failure is raised after them, for Python
+    to report."""
+    from somatize_torch import _modes
+
+    done: list[str] = []
+
+    def failing() -> None:
+        done.append("inner")
+        raise RuntimeError("cannot put this back")
+
+    with (
+        _modes.put_back_in_child(lambda: done.append("outer")),
+        _modes.put_back_in_child(failing),
+        pytest.raises(RuntimeError, match="cannot put this back"),
+    ):
+        _modes._put_back_in_child()
+    assert done == ["inner", "outer"]
+    assert not _modes._SWAPPED
