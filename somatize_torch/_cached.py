@@ -74,6 +74,8 @@ from somatize_torch.freeze import (
     generator_states,
     held_for_call,
     is_held,
+    keep_held,
+    trained_since_released,
 )
 
 if TYPE_CHECKING:
@@ -86,27 +88,48 @@ class _Declared(nn.Module):
 
     node: ModuleNode
     call: nn.Module
+    owner: Wrapped
 
-    def __init__(self, node: ModuleNode, call: nn.Module) -> None:
+    def __init__(self, node: ModuleNode, call: nn.Module, owner: Wrapped) -> None:
         super().__init__()
         self.call = call
         object.__setattr__(self, "node", node)
+        object.__setattr__(self, "owner", owner)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        # Nothing is recalled or kept for its call, nor keyed by its answer: released since
-        # it was frozen, the module runs in the mode its user left it in (`update_bn`
-        # re-estimating its BatchNorm in train mode); held, a part put in train mode is
-        # warned of and put back in eval.
         module = self.node.module
         if not torch.compiler.is_compiling():
-            if is_held(module):
-                check_still(self.node._smz.name or "?", module)
-        elif any(part.training for part in module.modules()) and is_held(module):
-            # Compiled code asks only for the parts' training flags, which torch.compile
-            # guards on (no graph break): a part put in train mode has the call compiled
-            # anew, and it is warned of and put back in eval eagerly, before it runs.
-            _check_still_eagerly(self.node._smz.name or "?", module)
+            _kept_frozen(self)
+        elif any(part.training for part in module.modules()) and (
+            is_held(module)
+            or (
+                self.node._watch is not None
+                and not any(parameter.requires_grad for parameter in module.parameters())
+            )
+        ):
+            # Compiled code asks only for the parts' training flags and whether the
+            # parameters require grad, which torch.compile guards on (no graph break): a
+            # part put in train mode has the call compiled anew, and it is looked at
+            # eagerly, before it runs.
+            _kept_frozen_eagerly(self)
         return self.call(*args, **kwargs)
+
+
+def _kept_frozen(self: _Declared) -> None:
+    """Before a frozen part of a wrapped model that is not cached runs: held, a part of it
+    put in train mode is warned of and put back in eval. Nothing is recalled or kept for
+    its call, nor keyed by its answer: released since it was frozen, it runs in the mode
+    its user left it in (``update_bn`` re-estimating its BatchNorm in train mode), until
+    it trained and its gradients are off again (:func:`trained_since_released`): it is
+    then frozen again, held in eval and digested anew."""
+    node = self.node
+    module = node.module
+    name = node._smz.name or "?"
+    if is_held(module):
+        check_still(name, module)
+    elif node._watch is not None and trained_since_released(module):
+        _restated(self.owner, name, node)
+        keep_held(name, module)  # trained to the weights it was frozen at: held all the same
 
 
 Precision = tuple[tuple[str, str], ...] | None
@@ -507,21 +530,7 @@ def _keyed_call(
     # The node the owner's graph holds: this one, or, for a shim making another call of
     # it, its base's, whose state and declaration this call is keyed by too.
     held = node if self.base is None else self.base.node
-    # Weights changed since the node was frozen (a checkpoint loaded, a part replaced), or
-    # a setting or hook it keeps: it is keyed by its new state and what it declares now,
-    # said to the owner's graph here so that the graphs below are built for them.
-    state = held.restate(self.owner._refuse_tied)
-    self.owner._look_at_ties()  # a tie made outside the part
-    if state is not None:
-        memory.freeze(name, state)
-    if held.declaration_moved() or state is not None:
-        try:
-            declared_again(memory, name, held)
-        except BaseException:
-            # Stopped before the owner's graph was told (a Ctrl-C as the declaration is
-            # worked out): the next call looks again, rather than key by the old one.
-            held.look_at_settings_again()
-            raise
+    _restated(self.owner, name, held)
     basis = (memory.declaration_of(name), held._smz.state)
     if basis != self._basis:
         self._solos.clear()
@@ -601,6 +610,26 @@ def traced(name: str, tracer: str) -> TypeError:
     )
 
 
+def _restated(owner: Wrapped, name: str, held: ModuleNode) -> None:
+    """Weights changed since ``held`` was frozen (a checkpoint loaded, a part replaced, a
+    fine-tuning), or a setting or hook it keeps: it is held frozen at its new state, which
+    is said to the owner's graph with what it declares now, so that the graphs below are
+    built for them."""
+    memory = owner.graph.memory
+    state = held.restate(owner._refuse_tied)
+    owner._look_at_ties()  # a tie made outside the part
+    if state is not None:
+        memory.freeze(name, state)
+    if held.declaration_moved() or state is not None:
+        try:
+            declared_again(memory, name, held)
+        except BaseException:
+            # Stopped before the owner's graph was told (a Ctrl-C as the declaration is
+            # worked out): the next call looks again, rather than key by the old one.
+            held.look_at_settings_again()
+            raise
+
+
 def _placed(out: Any, device: torch.device) -> Any:
     """``out`` with its tensors on ``device``, the first input's: where a recalled answer
     lies follows where the call is made, not where it was kept (a store filled on one
@@ -616,10 +645,10 @@ def _placed(out: Any, device: torch.device) -> Any:
 
 _remember: Callable[..., Any] = outside_compiled(_recall_or_run)
 """The one deliberate graph break per cached node: the store is asked outside compiled code."""
-_check_still_eagerly: Callable[..., Any] = outside_compiled(check_still)
-""":func:`~somatize_torch.freeze.check_still` in a compiled call, made eagerly: compiled
-code cannot warn, and a part put back in eval there would not be seen by the code after
-it, compiled for the part in train mode."""
+_kept_frozen_eagerly: Callable[..., Any] = outside_compiled(_kept_frozen)
+""":func:`_kept_frozen` in a compiled call, made eagerly: compiled code cannot warn, and
+a part put back in eval there would not be seen by the code after it, compiled for the
+part in train mode."""
 
 
 def _precision(args: Sequence[torch.Tensor]) -> Precision:

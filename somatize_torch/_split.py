@@ -1744,7 +1744,7 @@ def _shim(
     frozen one calls it as the base's node; a cached one is keyed by the base node's
     declaration and state, and by this call, and runs it on a miss."""
     if base is not None and cached is None:
-        return _Declared(base.node, inner)
+        return _Declared(base.node, inner, wrapped)
     watched = None if cached is None else _Watched(name, inner, module)
     node = ModuleNode(module, spread=True, call=watched or inner, declared=described)
     if watched is not None:
@@ -1754,7 +1754,7 @@ def _shim(
     if frozen:
         node.frozen()
     if cached is None:
-        return _Declared(node, inner)
+        return _Declared(node, inner, wrapped)
     node.cached(cached[0])
     if isinstance(base, _Cached):
         return _Cached(

@@ -353,6 +353,7 @@ class StateWatch:
         "_named",
         "_names",
         "_owners",
+        "_param_versions",
         "_params",
         "_placed",
         "_read",
@@ -392,6 +393,7 @@ class StateWatch:
         self._tensors = [value for value in values if isinstance(value, torch.Tensor)]
         self._params = [t for t in self._tensors if isinstance(t, nn.Parameter)]
         self._versions = tuple(map(_VERSION, self._tensors))
+        self._param_versions = tuple(map(_VERSION, self._params))
         # A tensor with no memory of its own to point at (a sparse one) is watched
         # otherwise only.
         self._placed = [tensor for tensor in self._tensors if _has_memory(tensor)]
@@ -424,6 +426,19 @@ class StateWatch:
         changed (``p.data = t``): where the numbers are, not what they are. A change in
         place, a gradient, or a parameter unfrozen is none of it."""
         return self._doubted or self._replaced() or tuple(map(_WHERE, self._placed)) != self._where
+
+    def trained(self) -> bool:
+        """Whether the parameters may have been trained since they were watched: one
+        changed in place (an optimizer step) or got a gradient, :meth:`unfrozen` found one
+        requiring grad, or a tensor or submodule was replaced, added or removed, or given
+        other memory (:meth:`moved`). A buffer changed in place is none of it:
+        ``torch.optim.swa_utils.update_bn`` resets BatchNorm's running statistics and
+        estimates them anew, which trains nothing."""
+        return (
+            self.moved()
+            or tuple(map(_VERSION, self._params)) != self._param_versions
+            or not all(map(operator.is_, map(_GRADIENT, self._params), self._gradients))
+        )
 
     def _replaced(self) -> bool:
         return (

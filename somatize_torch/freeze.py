@@ -284,7 +284,8 @@ def release(module: nn.Module, mode: bool = True) -> None:
     Gradients are the caller's to turn on (``requires_grad_(True)``). Trained and frozen
     again (``requires_grad_(False)``), the next forward of its cache or graph holds it in
     eval again and digests its weights anew; called there before it trained, it is held
-    in eval for that call only (:func:`held_for_call`)."""
+    in eval for that call only (:func:`held_for_call`), or, a frozen part of a wrapped
+    model not cached, runs in the mode it is in (:func:`trained_since_released`)."""
     if not isinstance(module, nn.Module):
         raise TypeError(
             f"release takes an nn.Module (a frozen module unfrozen to train it), got a "
@@ -299,12 +300,41 @@ def release(module: nn.Module, mode: bool = True) -> None:
             "it to train it: `somatize.torch.release(cached.module)`"
         )
     if is_held(module):
+        _released[module] = StateWatch(module)
+    _let_go(module, mode)
+
+
+def _let_go(module: nn.Module, mode: bool) -> None:
+    """:func:`release`'s work, which putting back a module as it was found does too."""
+    if is_held(module):
         del module.__dict__["train"]
         for part in module.modules():
             if type(_asker(part)) is _Asked:  # a part held on its own stays held
                 del part.__dict__["train"]
         _asks_changed()
     module.train(mode)
+
+
+def trained_since_released(module: nn.Module) -> bool:
+    """Whether ``module``, released (:func:`release`) since it was frozen, trained since
+    and is to be frozen again, none of its parameters requiring grad: a parameter changed
+    since it was released, got a gradient, or was replaced, or one required grad at a
+    call asked this before (noted then). Its buffers alone changed (``torch.optim.
+    swa_utils.update_bn``, which resets BatchNorm's running statistics and estimates them
+    anew in train mode), or nothing (a sanity pass), it stays released; so does a copy
+    of a released module (``AveragedModel``'s), which was never released itself."""
+    watch = _released.get(module)
+    if any(parameter.requires_grad for parameter in module.parameters()):
+        if watch is None:
+            watch = _released[module] = StateWatch(module)
+        watch.unfrozen(module)  # it trains: the watch says so from here on
+        return False
+    return watch is not None and watch.trained()
+
+
+_released: weakref.WeakKeyDictionary[nn.Module, StateWatch] = weakref.WeakKeyDictionary()
+"""Each module released (:func:`release`) from a hold, by the watch of its state taken
+then, which :func:`trained_since_released` asks."""
 
 
 def hold(module: nn.Module) -> None:
@@ -393,7 +423,7 @@ class AsFound:
             modes = self.modes
         else:
             modes = self.asked_modes(mode, found, held)
-            release(self.module, mode)
+            _let_go(self.module, mode)
         for part, training in modes:
             part.training = training
         if grads:

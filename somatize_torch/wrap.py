@@ -1022,7 +1022,7 @@ def _whole(
         node.cached(cached_names[""])
         shim = _Cached(node, call, wrapped, forward_signature(model))
     else:
-        shim = _Declared(node, call)
+        shim = _Declared(node, call, wrapped)
     graph = Graph.somatize(node)
     runners: dict[Key, Runners] = {(frozenset(), ()): {True: shim, False: shim}}
     Wrapped.__init__(wrapped, model, runners, graph, store, _Parts([], {}))

@@ -445,6 +445,62 @@ def test_update_bn_re_estimates_a_released_encoder_not_cached(store: Store) -> N
     assert not smt.is_held(encoder) and encoder.training
 
 
+@pytest.mark.parametrize(("frozen", "cached"), [(["encoder"], []), (["encoder", "head"], ["head"])])
+def test_a_released_encoder_not_cached_trained_and_frozen_again_is_held(
+    store: Store, frozen: list[str], cached: list[str]
+) -> None:
+    """A frozen encoder that is not cached (alone, or beside a cached part), released,
+    trained a step and given its gradients off again is frozen at the next forward of the
+    wrapped model, held in eval and answering with the weights it trained to; released
+    again, ``update_bn`` re-estimates its statistics, its weights unchanged since. It
+    stayed released, in train mode, at every call: its BatchNorm on batch statistics."""
+    model = _model()
+    wrapped = smt.wrap(model, frozen=frozen, cached=cached, store=store)
+    smt.freeze(wrapped)
+    encoder = wrapped.encoder
+    x = torch.randn(4, 6)
+    wrapped(x)
+    smt.release(encoder)
+    encoder.requires_grad_(True)
+    optimizer = torch.optim.SGD(encoder.parameters(), lr=0.1)
+    encoder(x - model.shift).sum().backward()
+    optimizer.step()
+    encoder.requires_grad_(False)
+    with torch.no_grad():
+        out = wrapped(x)
+    assert smt.is_held(encoder) and not any(part.training for part in encoder.modules())
+    with torch.no_grad():
+        assert torch.equal(out, model.eval()(x))
+    loader = [torch.randn(4, 6) * 3 + 1 for _ in range(3)]
+    plain = Model()
+    plain.load_state_dict(model.state_dict())
+    torch.optim.swa_utils.update_bn(loader, plain)
+    smt.release(encoder)
+    torch.optim.swa_utils.update_bn(loader, wrapped)
+    assert not smt.is_held(encoder) and encoder.training
+    assert torch.allclose(encoder.norm.running_mean, plain.encoder.norm.running_mean)
+
+
+def test_a_released_encoder_not_cached_called_with_gradients_is_frozen_again(
+    store: Store,
+) -> None:
+    """A frozen encoder not cached, released and called through the wrapped model with
+    its gradients on, is frozen again at the first call after they are off, though no
+    optimizer moved its weights and its gradients were dropped (``zero_grad``)."""
+    model = _model()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    encoder = wrapped.encoder
+    x = torch.randn(4, 6)
+    smt.release(encoder)
+    encoder.requires_grad_(True)
+    wrapped(x).sum().backward()
+    encoder.zero_grad(set_to_none=True)
+    encoder.requires_grad_(False)
+    wrapped(x)
+    assert smt.is_held(encoder) and not encoder.training
+
+
 def test_each_threads_cached_call_counts_what_it_did(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
