@@ -1141,16 +1141,18 @@ def _put_interrupted(
     landed: list[str],
     when: Callable[[], bool] = lambda: True,
     first: Callable[[], None] = lambda: None,
+    at: Callable[[Any], bool] = lambda code: (
+        code.co_filename == threading.__file__ and code.co_name == "__enter__"
+    ),
 ) -> None:
-    """``data`` put in ``store``, a Ctrl-C landing as the first lock ``threading``'s Python
-    code takes below a call ``below`` says is the one, once ``when`` holds, is taken (after
-    ``first``); the name of the call that took it noted in ``landed``."""
+    """``data`` put in ``store``, a Ctrl-C landing as the first call ``at`` says is the one
+    (by default a lock ``threading``'s Python code takes) below a call ``below`` says is
+    the one, once ``when`` holds, returns (after ``first``); the name of the call that
+    returned noted in ``landed``."""
 
     def tracer(frame: Any, event: str, arg: Any) -> Any:
         code = frame.f_code
-        if event != "call" or landed or code.co_filename != threading.__file__:
-            return None
-        if code.co_name != "__enter__" or not when():
+        if event != "call" or landed or not at(code) or not when():
             return None
         up = frame.f_back
         while up is not None and not below(up.f_code):
@@ -1297,6 +1299,32 @@ def test_a_ctrl_c_as_a_large_blob_waits_for_its_hash_leaves_the_next_put_running
         )
     finally:
         let_go.set()
+    _next_put_returns(store, data[1:], landed)
+
+
+def test_a_ctrl_c_as_a_large_blob_is_queued_for_its_hash_leaves_the_next_put_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C landing as a large blob is handed to the thread that hashes it, once its
+    hash is queued there (as the pool's submit returns), leaves that thread free: it
+    takes no runs of a write that never began, and the next large blob is put, rather
+    than wait for ever behind it."""
+    import concurrent.futures.thread as pool_module
+
+    from somatize import _threads
+
+    monkeypatch.setattr(_threads, "_pools", {})  # a pool of this test's own
+    data = os.urandom(_local_files._OVERLAP + 1)
+    store = LocalStore(tmp_path / "store")
+    landed: list[str] = []
+    _put_interrupted(
+        store,
+        data,
+        lambda code: code.co_name == "_put_large",
+        landed,
+        at=lambda code: code.co_name == "submit" and code.co_filename == pool_module.__file__,
+    )
+    assert landed == ["submit"]
     _next_put_returns(store, data[1:], landed)
 
 

@@ -540,11 +540,7 @@ class LocalFiles(PackedHome):
         # the rest in runs of _RUN bytes (the last one of each stretch shorter).
         kept_whole = [p for p in pieces if steady(p) and len(p) >= GATHER_BELOW]
         hasher = hasher_for(kept_whole) if len(kept_whole) == len(pieces) else new_hasher()
-        try:
-            _hashers().submit(_hash_into, answer, runs, each, hasher)
-        except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
-            hashed = None
-        here = None if hashed is not None else hasher
+        here: blake3.blake3 | None = None
 
         def written() -> Iterator[Buffer]:
             for count, run in enumerate(steady_runs(pieces, _RUN)):
@@ -557,6 +553,12 @@ class LocalFiles(PackedHome):
                 yield run
 
         try:
+            try:  # in the try whose end hands the thread its last run: a Ctrl-C landing in
+                # submit once the hash is queued leaves that thread free, not waiting for good
+                _hashers().submit(_hash_into, answer, runs, each, hasher)
+            except RuntimeError:  # "cannot schedule new futures after interpreter shutdown"
+                hashed = None
+                here = hasher
             with self._in_tmp(".part") as name:
                 temporary = self._tmp + name
                 try:
