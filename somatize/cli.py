@@ -17,7 +17,7 @@ exist: one that does not is refused (status 2), and nothing is created; so is
 output is a terminal. Exit status: 0 when all is well, 1 when ``verify`` found damage, 2
 on a usage or store error (a closed output, ``>&-``, too), and 141 (quietly) when the
 reader of the output went away (``somatize store ls | head``), as for a tool stopped by
-SIGPIPE.
+SIGPIPE, and 130, with a line saying so, when it was interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 BROKEN_PIPE = 141
 """The exit status when the reader of the output went away (``| head``): what a shell
 shows for a tool stopped by SIGPIPE (128 + 13), as ``ls`` or ``cat`` would be."""
+
+INTERRUPTED = 130
+"""The exit status when the command was interrupted (Ctrl-C): what a shell shows for a tool
+stopped by SIGINT (128 + 2)."""
 
 
 def size_of(count: float) -> str:
@@ -403,6 +407,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _stop_writing(out)
         return BROKEN_PIPE
+    except KeyboardInterrupt:  # Ctrl-C: said in a line, as a shell tool stopped by it ends
+        print(
+            f"somatize store {args.command}: interrupted; what it changed so far "
+            "stands (run it again to finish)",
+            file=sys.stderr,
+        )
+        return INTERRUPTED
     except (SomatizeError, ValueError, OSError) as why:  # OSError: a file it may not read
         print(f"somatize store {args.command}: {_printable(str(why))}", file=sys.stderr)
         return 2

@@ -570,6 +570,36 @@ def test_a_reader_that_goes_away_ends_it_quietly(tmp_path: Path, command: list[s
     assert (done.returncode, done.stderr.decode()) == (141, "")
 
 
+@pytest.mark.parametrize(
+    ("command", "stopped"),
+    [(["gc", "--grace", "0"], "gc"), (["verify", "--quarantine"], "verify")],
+)
+def test_a_command_interrupted_ends_with_a_line_and_status_130(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: list[str],
+    stopped: str,
+) -> None:
+    """A command interrupted (Ctrl-C) says so in one line on stderr, with no traceback, and
+    ends with status 130, as a tool stopped by SIGINT does; run again, it finishes."""
+    store = _store(tmp_path)
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LocalStore, stopped, interrupted)
+    argv = ["store", command[0], "--store", str(store.root), *command[1:]]
+    assert main(argv) == 130
+    printed = capsys.readouterr()
+    assert printed.err == (
+        f"somatize store {command[0]}: interrupted; what it changed so far stands "
+        "(run it again to finish)\n"
+    )
+    monkeypatch.undo()
+    assert main(argv) == 0
+
+
 def test_what_the_store_holds_is_printed_escaped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
