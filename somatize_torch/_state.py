@@ -361,6 +361,7 @@ class StateWatch:
         "_sizes",
         "_tables",
         "_tensors",
+        "_trainable",
         "_values",
         "_versions",
         "_where",
@@ -374,6 +375,7 @@ class StateWatch:
         owners: list[dict[str, Any]] = []
         names: list[str] = []
         values: list[Any] = []
+        trainable: tuple[list[dict[str, Any]], list[str], list[Any]] = ([], [], [])
         parts = [*module.modules(), *(part for one in read.found for part in one.module.modules())]
         if leaving:
             parts = [part for part in parts if id(part) not in leaving]
@@ -384,12 +386,17 @@ class StateWatch:
                     owners.append(table)
                     names.append(name)
                     values.append(value)
+                    if table is not part._buffers:
+                        trainable[0].append(table)
+                        trainable[1].append(name)
+                        trainable[2].append(value)
         self._read = read
         self._tables = tables
         self._sizes = tuple(map(len, tables))
         self._owners = owners
         self._names = names
         self._values = values
+        self._trainable = trainable
         self._tensors = [value for value in values if isinstance(value, torch.Tensor)]
         self._params = [t for t in self._tensors if isinstance(t, nn.Parameter)]
         self._versions = tuple(map(_VERSION, self._tensors))
@@ -430,14 +437,20 @@ class StateWatch:
     def trained(self) -> bool:
         """Whether the parameters may have been trained since they were watched: one
         changed in place (an optimizer step) or got a gradient, :meth:`unfrozen` found one
-        requiring grad, or a tensor or submodule was replaced, added or removed, or given
-        other memory (:meth:`moved`). A buffer changed in place is none of it:
+        requiring grad, or a parameter or submodule was replaced, or a tensor or submodule
+        added or removed. A buffer changed in place or replaced is none of it:
         ``torch.optim.swa_utils.update_bn`` resets BatchNorm's running statistics and
-        estimates them anew, which trains nothing."""
+        estimates them anew, which trains nothing; nor is memory alone moving: a module
+        moved to another device or dtype (``.to("cuda")``, which replaces its buffers and
+        gives its parameters other memory) trains nothing either, and ``p.data = t`` is
+        not seen."""
+        owners, names, values = self._trainable
         return (
-            self.moved()
+            self._doubted
             or tuple(map(_VERSION, self._params)) != self._param_versions
             or not all(map(operator.is_, map(_GRADIENT, self._params), self._gradients))
+            or not all(map(operator.is_, map(dict.get, owners, names), values))
+            or tuple(map(len, self._tables)) != self._sizes
         )
 
     def _replaced(self) -> bool:

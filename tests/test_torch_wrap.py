@@ -501,6 +501,22 @@ def test_a_released_encoder_not_cached_called_with_gradients_is_frozen_again(
     assert smt.is_held(encoder) and not encoder.training
 
 
+def test_a_released_encoder_not_cached_moved_stays_released(store: Store) -> None:
+    """A frozen encoder not cached, released and then moved with its model (converted
+    here, as Lightning moves a model to its device before the sanity pass), called with
+    its gradients still off, stays released in train mode: a move trains nothing. It was
+    frozen again there, its buffers and memory new, so the fine-tuning after ran in eval."""
+    model = _model()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    encoder = wrapped.encoder
+    smt.release(encoder)
+    wrapped.double()
+    with torch.no_grad():
+        wrapped(torch.randn(4, 6, dtype=torch.float64))
+    assert not smt.is_held(encoder) and encoder.training
+
+
 def test_each_threads_cached_call_counts_what_it_did(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
