@@ -83,8 +83,8 @@ same, and its forward names the rows itself, raising what is wrong with them if
 anything is. :class:`Ahead` passes ``len()`` and any attribute (``sampler``,
 ``dataset``, …) through to the loader, and sets on the loader an attribute set on it
 (Lightning's ``_iterator = None`` as a stage ends, which has a loader with persistent
-workers start them again at its next ``iter()``), so code that inspects or resets a
-DataLoader still works on it. With no content-keyed cache to name for it is the loader
+workers start them again at its next ``iter()``), or deleted, so code that inspects or
+resets a DataLoader still works on it. With no content-keyed cache to name for it is the loader
 itself.
 
 This module holds :class:`Ahead` (what it is given, which pass it makes over the
@@ -211,6 +211,12 @@ class Ahead(Generic[T]):
             object.__setattr__(self, name, value)
         else:
             setattr(self.loader, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in _OWN:
+            object.__delattr__(self, name)
+        else:
+            delattr(self.loader, name)
 
     def __iter__(self) -> Iterator[T]:
         # The loader's iterator is made here, not at the first batch: making it may draw

@@ -41,6 +41,19 @@ def test_items_come_through_in_the_loaders_order_with_its_length_and_attributes(
     assert wrapped.batch_size == 16 and isinstance(wrapped.dataset, TensorDataset)
 
 
+def test_an_attribute_set_on_an_ahead_is_deleted_from_its_loader() -> None:
+    """An attribute set on an Ahead lands on its loader, and ``del`` takes it off the
+    loader again. It raised AttributeError, the attribute left on the loader."""
+    plain = loader(images(8))
+    wrapped = Ahead(plain, [])
+    wrapped.note = "epoch 3"
+    assert plain.note == "epoch 3"  # type: ignore[attr-defined]
+    del wrapped.note
+    assert not hasattr(plain, "note") and not hasattr(wrapped, "note")
+    with pytest.raises(AttributeError):
+        del wrapped.note
+
+
 def test_a_loop_that_stops_at_the_length_sees_the_same_shuffles(warm: CachedRows) -> None:
     """A loop that takes ``len(loader)`` batches and stops (as Lightning's does) is never
     fetched past the end: an exhausted DataLoader would draw from its shuffling
