@@ -327,7 +327,8 @@ def trained_since_released(module: nn.Module) -> bool:
     if any(parameter.requires_grad for parameter in module.parameters()):
         if watch is None:
             watch = _released[module] = StateWatch(module)
-        watch.unfrozen(module)  # it trains: the watch says so from here on
+        if not watch.trained():  # once it says so, for good: not walked at every step
+            watch.unfrozen(module)  # it trains: the watch says so from here on
         return False
     return watch is not None and watch.trained()
 
