@@ -532,8 +532,9 @@ def _wanted(
             f"watching= takes a function called with each fact (`facts.append`, `print`), "
             f"got {_describe(watching)}"
         )
-    if inspect.iscoroutinefunction(watching) or inspect.iscoroutinefunction(
-        type(watching).__call__
+    if watching is not None and (
+        inspect.iscoroutinefunction(watching)
+        or inspect.iscoroutinefunction(type(watching).__call__)
     ):
         named = getattr(watching, "__qualname__", type(watching).__qualname__)
         raise TypeError(

@@ -443,14 +443,20 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
         return _keyed_call(self, name, store, args, kwargs)
     # Released since it was frozen, the module is held in eval for this call, whose answer
     # is recalled or kept, and let go of after it in the mode its user left it in.
-    with held_for_call(name, held.module):
-        return _keyed_call(self, name, store, args, kwargs)
+    with held_for_call(name, held.module) as looked:
+        return _keyed_call(self, name, store, args, kwargs, looked)
 
 
 def _keyed_call(
-    self: _Cached, name: str, store: Store, args: tuple[Any, ...], kwargs: dict[str, Any]
+    self: _Cached,
+    name: str,
+    store: Store,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    looked: bool = False,
 ) -> Any:
-    """:func:`_recall_or_run` of a call keyed by the tensors it is handed."""
+    """:func:`_recall_or_run` of a call keyed by the tensors it is handed (``looked``: the
+    modes of the module's parts were looked at just now, by :func:`held_for_call`)."""
     node = self.node
     if jit_tracing():
         raise traced(name, JIT_TRACE)
@@ -530,7 +536,7 @@ def _keyed_call(
     # The node the owner's graph holds: this one, or, for a shim making another call of
     # it, its base's, whose state and declaration this call is keyed by too.
     held = node if self.base is None else self.base.node
-    _restated(self.owner, name, held)
+    _restated(self.owner, name, held, looked)
     basis = (memory.declaration_of(name), held._smz.state)
     if basis != self._basis:
         self._solos.clear()
@@ -610,13 +616,13 @@ def traced(name: str, tracer: str) -> TypeError:
     )
 
 
-def _restated(owner: Wrapped, name: str, held: ModuleNode) -> None:
+def _restated(owner: Wrapped, name: str, held: ModuleNode, looked: bool = False) -> None:
     """Weights changed since ``held`` was frozen (a checkpoint loaded, a part replaced, a
     fine-tuning), or a setting or hook it keeps: it is held frozen at its new state, which
     is said to the owner's graph with what it declares now, so that the graphs below are
     built for them."""
     memory = owner.graph.memory
-    state = held.restate(owner._refuse_tied)
+    state = held.restate(owner._refuse_tied, looked=looked)
     owner._look_at_ties()  # a tie made outside the part
     if state is not None:
         memory.freeze(name, state)

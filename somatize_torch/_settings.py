@@ -45,6 +45,7 @@ from somatize_torch.digest import digest_tensor
 
 if TYPE_CHECKING:
     from somatize_torch._state import Reads
+    from somatize_torch.wrap import Wrapped
 
 __all__ = [
     "SettingsWatch",
@@ -69,11 +70,20 @@ def stood_for(part: nn.Module) -> nn.Module:
     parts it holds as its own; its own attributes are bookkeeping (its counts, graph,
     record and traces, which change as it runs) and say nothing of what it answers. Any
     other module stands for itself."""
-    from somatize_torch.wrap import Wrapped  # it imports this module
-
-    while isinstance(part, Wrapped):
+    wrapped = _wrapped_class()
+    while isinstance(part, wrapped):
         part = part.model
     return part
+
+
+@functools.cache
+def _wrapped_class() -> type[Wrapped]:
+    """:class:`~somatize_torch.wrap.Wrapped`, imported once: :func:`stood_for` is asked of
+    every part of a module at each computed call (the generators it holds), and an import
+    there costs as much as the rest of the look."""
+    from somatize_torch.wrap import Wrapped  # it imports this module
+
+    return Wrapped
 
 
 def settings_of(module: nn.Module) -> dict[str, Any]:

@@ -525,17 +525,19 @@ def held_while(module: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def held_for_call(name: str, module: nn.Module) -> Iterator[None]:
+def held_for_call(name: str, module: nn.Module) -> Iterator[bool]:
     """For a call of a frozen ``module`` whose answer is recalled or kept, or keys answers
     that are: a part of it put in train mode directly is warned of and put back in eval
-    (:func:`check_still`); the module released since it was frozen (:func:`release`,
-    which puts it in train mode), none of its parameters requiring grad, is held in eval
-    for the call only (:func:`held_while`), and let go of after it as it was found, its
-    mode and ``train()`` the user's again. Left in train mode, it would run so where
-    nothing is recalled (a BatchNorm on batch statistics, moving its running ones; a
-    dropout drawing) and answer as in eval where something is. Calls at once (threads, or
-    one inside another) share one hold, let go of as the last of them ends: the first to
-    end would put the module back in train mode under the others."""
+    (:func:`check_still`; the ``with`` block is handed whether its parts were looked at
+    so, for :func:`restated` not to walk them again); the module released since it was
+    frozen (:func:`release`, which puts it in train mode), none of its parameters
+    requiring grad, is held in eval for the call only (:func:`held_while`), and let go of
+    after it as it was found, its mode and ``train()`` the user's again. Left in train
+    mode, it would run so where nothing is recalled (a BatchNorm on batch statistics,
+    moving its running ones; a dropout drawing) and answer as in eval where something is.
+    Calls at once (threads, or one inside another) share one hold, let go of as the last
+    of them ends: the first to end would put the module back in train mode under the
+    others."""
     with _for_calls_lock:
         shared = _for_calls.get(id(module))
         if shared is not None:
@@ -544,10 +546,11 @@ def held_for_call(name: str, module: nn.Module) -> Iterator[None]:
             found = AsFound.take(module)
             hold(module)
             shared = _for_calls[id(module)] = [found, 1, False]
-    if shared is None and is_held(module):
+    looked = shared is None and is_held(module)
+    if looked:
         check_still(name, module)
     try:
-        yield
+        yield looked
     finally:
         if shared is not None:
             with _for_calls_lock:
@@ -720,7 +723,9 @@ class ModuleNode(Node):
         args, kwargs = self._made
         return f"{maker}.build", args, kwargs
 
-    def restate(self, tied: Callable[[], None] | None = None) -> str | None:
+    def restate(
+        self, tied: Callable[[], None] | None = None, *, looked: bool = False
+    ) -> str | None:
         """Once frozen: the digest of the module's state if it changed since (a checkpoint
         loaded, a submodule replaced, the module converted to another dtype; see
         :class:`StateWatch`, asked thoroughly), the module held frozen again and the
@@ -730,12 +735,14 @@ class ModuleNode(Node):
         train mode directly (``encoder.drop.train()``) and puts it back in eval, as a run
         does: the answer recalled for it is the one it computes in eval. A part put
         in place of another (in train mode, as a module is made) is held in eval with the
-        rest, without a warning.
+        rest, without a warning. ``looked``: the call's :func:`held_for_call` looked at the
+        parts' modes just now, and they are not walked again.
 
         ``tied``, where the module is a part of a larger model (a wrapped model's declared
         submodule), is called when the state changed, before the module is held frozen
         again: it refuses a parameter put in since that a part left to train shares."""
-        state, self._watch = restated(self._smz.name or repr(self), self.module, self._watch, tied)
+        name = self._smz.name or repr(self)
+        state, self._watch = restated(name, self.module, self._watch, tied, looked=looked)
         if state is not None:
             self._smz.state = state
         return state
@@ -1101,6 +1108,7 @@ def restated(
     tied: Callable[[], None] | None = None,
     *,
     for_good: bool = False,
+    looked: bool = False,
 ) -> tuple[str | None, StateWatch | None]:
     """What :meth:`ModuleNode.restate` answers of ``module``, frozen at a state ``watch``
     has watched since (named ``name`` in a warning), and the watch from here on: the
@@ -1117,7 +1125,7 @@ def restated(
     if watch is None or not watch.changed(thorough=True):
         if watch is not None and for_good:  # frozen, and no parameter came to require grad since
             keep_held(name, module)
-        elif is_held(module):
+        elif is_held(module) and not looked:  # looked at just now otherwise
             check_still(name, module)
         return None, watch
     unfrozen = watch.unfrozen(module)
@@ -1238,19 +1246,24 @@ def drew_as_it_ran(
 # it a generator, so not looked through at each call.
 _MODULE_OWN = frozenset(vars(nn.Module()))
 
+_PLAIN = frozenset({int, float, bool, str, type(None)})
+"""The kinds of most values a module keeps (a convolution's sizes, a norm's epsilon), none
+of them a generator: passed over at once, as every part is looked through at each
+computed call."""
+
 
 def _held_generators(module: nn.Module) -> Iterator[torch.Generator]:
     """The ``torch.Generator`` objects ``module`` and its submodules hold as attributes,
     directly or in a list, tuple or dict (``self.noise = torch.Generator()``)."""
     for part in map(stood_for, module.modules()):
         for name, value in vars(part).items():
-            if name in _MODULE_OWN:
+            if name in _MODULE_OWN or type(value) in _PLAIN:
                 continue
             if isinstance(value, dict):
                 value = list(value.values())
             for item in value if isinstance(value, (list, tuple)) else (value,):
                 # By its class's bases: `isinstance` goes through torch's Python hook.
-                if torch.Generator in type(item).__mro__:
+                if type(item) not in _PLAIN and torch.Generator in type(item).__mro__:
                     yield item
 
 
