@@ -34,6 +34,7 @@ from typing import Any
 from somatize.errors import SomatizeError
 from somatize.store import BucketStore, LocalStore, StoreError
 from somatize.store.base import Answer, Corrupt, Missing, NewerFormat, check_digest, check_name
+from somatize.store.bucket import _anchored, file_path
 from somatize.store.local import _holds_store
 from somatize.store.records import KEY_VARIABLE, PackIndex, Unsigned, decode_pack
 from somatize.store.upkeep import Progress, contents, listing, survey
@@ -180,7 +181,9 @@ def _open(where: str, command: str) -> LocalStore | BucketStore:
                 "with --store or $SOMATIZE_STORE"
             )
         return bucket
-    path = where.rsplit("::", 1)[-1].split("://", 1)[-1]
+    where = _anchored(where) if "://" in where else where
+    path = where.rsplit("::", 1)[-1]
+    path = file_path(path.split("://", 1)[1]) if "://" in path else path
     try:
         root = Path(path).expanduser()
     except RuntimeError:  # ~user names no user this system knows, or no home is known

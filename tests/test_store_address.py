@@ -549,3 +549,35 @@ def test_a_local_store_made_before_another_was_opened_above_it_is_no_name_record
     again = Store(root.rename(tmp_path / "moved"))
     assert bytes(again.recall("blake3:" + "1" * 64)[1]) == b"the inner store's answer"
     assert bytes(again.get(again.resolve("ds"))) == b"the inner store's dataset"
+
+
+def test_a_file_url_with_percent_escapes_names_the_folder_it_encodes(tmp_path: Path) -> None:
+    """A `file://` URL as `Path.as_uri()` writes it (a space as `%20`, a non-ASCII letter
+    as its escaped bytes) opens the folder it names, not one named by the escapes; the store's
+    address, and a pickled copy, reach that same folder."""
+    folder = tmp_path / "my store" / "café"
+    store = Store(folder.as_uri())
+    assert store.address() == Store.on_bucket(folder.as_uri()).address()
+    _meet(store, LocalStore(folder))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my store"]
+    _meet(Store.from_address(store.address()), store)  # type: ignore[arg-type]
+    _meet(pickle.loads(pickle.dumps(store)), LocalStore(folder))
+
+
+def test_a_file_url_opened_again_by_its_address_is_not_decoded_twice(tmp_path: Path) -> None:
+    """A folder whose name holds `%` is written `%25` in its URL: the address names it so
+    again, and a store opened from it reaches that folder, not the one its escape decodes to."""
+    folder = tmp_path / "100%41"
+    store = Store.on_bucket(folder.as_uri())
+    _meet(store, LocalStore(folder))
+    _meet(Store.from_address(store.address()), LocalStore(folder))  # type: ignore[arg-type]
+    assert not (tmp_path / "100A").exists()
+
+
+@pytest.mark.parametrize("name", ["a::b", "a%3A%3Ab"])
+def test_a_file_url_whose_path_holds_a_double_colon_is_refused(tmp_path: Path, name: str) -> None:
+    """fsspec reads `::` as joining filesystems, so a `file://` path holding it would open
+    another folder: it is refused, saying how to open such a directory, and nothing is made."""
+    with pytest.raises(BadAddress, match=r"holds `::`.*as a local store"):
+        Store(f"file://{tmp_path}/{name}")
+    assert list(tmp_path.iterdir()) == []

@@ -972,3 +972,17 @@ def test_a_store_its_upkeep_emptied_is_still_a_store(
     else:
         assert len(fs.find(others[1][5:])) == 2
         assert fs.cat_file(f"{others[0][5:]}/blobs/ab/{'ab' * 32}") == b"a blob"
+
+
+def test_a_file_url_with_percent_escapes_names_the_store_it_encodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--store` given a `file://` URL as `Path.as_uri()` writes it (a space as `%20`) reads
+    the store in the folder it names, and refuses one holding `::`."""
+    folder = tmp_path / "my store"
+    store = LocalStore(folder)
+    store.keep("blake3:" + "ab" * 32, b"kept", "plain")
+    assert main(["store", "ls", "--store", folder.as_uri()]) == 0
+    assert "blake3:" + "ab" * 32 in capsys.readouterr().out
+    assert main(["store", "ls", "--store", f"file://{tmp_path}/a::b"]) == 2
+    assert "holds `::`" in capsys.readouterr().err

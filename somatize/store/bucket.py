@@ -48,8 +48,9 @@ import re
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import IO, Any, cast
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from somatize import canonical
 from somatize._numbers import finite
@@ -300,29 +301,80 @@ _PROTOCOL_LIKE = re.compile(r"[a-z]*")
 as a path on this machine."""
 
 
+def _on_this_machine(layers: Sequence[str], at: int) -> tuple[str | None, str] | None:
+    """The protocol (None for a bare path) and the path of layer ``at`` of a chained URL
+    where it names a path on this machine (a ``file://`` or ``local://`` layer, or a bare
+    path after ``::``, as in ``zip://::store.zip``); None for any other layer."""
+    from fsspec.core import split_protocol
+    from fsspec.registry import available_protocols
+
+    layer = layers[at]
+    protocol, path = split_protocol(layer)
+    if protocol is None:
+        if at == 0 or _PROTOCOL_LIKE.fullmatch(layer) or layer in available_protocols():
+            return None
+    elif protocol not in ("file", "local"):
+        return None
+    return protocol, path
+
+
+def file_path(path: str) -> str:
+    """The path on this machine that the path of a ``file://`` or ``local://`` URL names:
+    its percent escapes decoded, as a URL means them (``Path.as_uri()`` writes a space as
+    ``%20``, and each byte of a non-ASCII letter so), to the bytes this system names files
+    by. fsspec takes them as they are, and would keep the store in a folder named
+    ``my%20store``."""
+    return unquote(path, errors="surrogateescape")
+
+
 def _anchored(url: str) -> str:
     """``url`` with each path on this machine it names (a ``file://`` or ``local://`` layer,
     or a bare path after ``::``, as in ``zip://::store.zip``) made absolute where fsspec
     takes it from now, ``~`` expanded: a relative one would otherwise be taken from the
     working directory of each process that opens the store by its address (a worker, a
     writer), or of this one after an ``os.chdir``, and reach another folder. A home this
-    system does not know is refused, as a local store's is."""
-    from fsspec.core import split_protocol
+    system does not know is refused, as a local store's is.
+
+    A ``file://`` or ``local://`` layer is decoded (:func:`file_path`) and written again as
+    ``Path.as_uri()`` writes it, so the URL kept, and carried in the store's address, names
+    the same folder however often it is opened again. Such a path is the last layer of a
+    chain, since fsspec reads ``::`` as joining filesystems: a path holding ``::`` is refused,
+    as it would name another folder than it seems to."""
     from fsspec.implementations.local import make_path_posix
-    from fsspec.registry import available_protocols
 
     layers = url.split("::")
-    for at, layer in enumerate(layers):
-        protocol, path = split_protocol(layer)
-        if protocol is None:
-            if at == 0 or _PROTOCOL_LIKE.fullmatch(layer) or layer in available_protocols():
-                continue
-        elif protocol not in ("file", "local"):
+    for at in range(len(layers)):
+        local = _on_this_machine(layers, at)
+        if local is None:
             continue
-        anchored = make_path_posix(path)
+        protocol, path = local
+        named = path if protocol is None else file_path(path)
+        if at < len(layers) - 1 or "::" in named:
+            raise BadAddress(
+                f"{url!r} names a path on this machine that holds `::`, which fsspec reads as "
+                "joining filesystems (`simplecache::file:///data/store`): it would open "
+                "another folder than the one named, or none. Open a directory whose name "
+                "holds `::` as a local store, `Store('/data/a::b')`; a file:// layer is the "
+                "last of a chained URL"
+            )
+        anchored = make_path_posix(named)
         if not os.path.isabs(anchored):  # `~user` of no user this system knows
             raise no_home(url, path)
-        layers[at] = anchored if protocol is None else f"{protocol}://{anchored}"
+        if protocol is None:
+            layers[at] = anchored
+        else:
+            layers[at] = f"{protocol}://{Path(anchored).as_uri().removeprefix('file://')}"
+    return "::".join(layers)
+
+
+def _for_fsspec(url: str) -> str:
+    """``url`` (as :func:`_anchored` wrote it) as fsspec takes it: each ``file://`` or
+    ``local://`` path decoded, since fsspec does not decode one."""
+    layers = url.split("::")
+    for at in range(len(layers)):
+        local = _on_this_machine(layers, at)
+        if local is not None and local[0] is not None:
+            layers[at] = f"{local[0]}://{file_path(local[1])}"
     return "::".join(layers)
 
 
@@ -489,7 +541,7 @@ class BucketStore(BucketShelf):
         self.storage_options = storage_options
         """What the filesystem was opened with (to open the same store again)."""
         try:
-            fs, root = url_to_fs(url, **_opened_with(url, storage_options))
+            fs, root = url_to_fs(_for_fsspec(url), **_opened_with(url, storage_options))
             self.fs = self._without_own_retries(fs)
         except (ImportError, ValueError) as why:
             raise StoreError(
@@ -599,7 +651,7 @@ class BucketStore(BucketShelf):
     def _open_fs(self) -> Any:
         from fsspec.core import url_to_fs
 
-        fs = url_to_fs(self.url, **_opened_with(self.url, self.storage_options))[0]
+        fs = url_to_fs(_for_fsspec(self.url), **_opened_with(self.url, self.storage_options))[0]
         return self._without_own_retries(fs)
 
     def _without_own_retries(self, fs: Any) -> Any:
