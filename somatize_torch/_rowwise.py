@@ -297,7 +297,10 @@ def _check_rowwise(
     limit = _rounding(self, ends, out)
     for which, at in (("first", 0), ("last", len(out) - 1)):
         try:
-            alone = _answer(self, ends[min(at, 1) : min(at, 1) + 1])
+            # A row of its own, not a view of `ends`: a module called on a batch gets a
+            # tensor that is no view, and may detach it in place (`x.detach_()`), which
+            # torch refuses on a view.
+            alone = _answer(self, ends[min(at, 1) : min(at, 1) + 1].clone())
         except (SomatizeError, torch.cuda.OutOfMemoryError):
             # Out of memory is the device's state, not the module's way with rows: a loop
             # catching it (to run the batch again in halves) is handed it as it was raised.

@@ -3296,6 +3296,36 @@ def test_a_module_that_cannot_answer_one_row_alone_is_refused(store: Store) -> N
     cached.close()
 
 
+class DetachesInPlace(nn.Module):
+    """Detaches its input, flattened, in place (`x.detach_()`): torch refuses that on a
+    view, and a batch the module is called on is none."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(1)
+        x.detach_()
+        return self.linear(x)
+
+
+def test_a_module_that_detaches_its_rows_in_place_is_cached_per_row(store: Store) -> None:
+    """`x.detach_()` inside a module changes none of its answers, so a row cache runs it:
+    the rows it runs alone to check it answers each on its own are handed as the batch is,
+    no view torch would refuse to detach in place. Its rows are kept and recalled as its
+    own answers."""
+    torch.manual_seed(0)
+    module = DetachesInPlace().eval()
+    cached = cache_rows(module, store)
+    data = torch.randn(6, 4)
+    assert torch.equal(cached(data.clone()), module(data.clone()))
+    assert cached.tiers[0].rows == 6
+    assert torch.equal(cached(data.clone()), module(data.clone()))
+    assert cached.stats.computed == 6
+    cached.close()
+
+
 class OutOfMemoryAlone(nn.Module):
     """Runs out of memory on a batch of one row while ``tight``."""
 
