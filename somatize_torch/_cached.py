@@ -431,6 +431,11 @@ def _recall_or_run(self: _Cached, *args: Any, **kwargs: Any) -> Any:
     name = node._smz.name or "?"
     store = self.owner.store
     held = node if self.base is None else self.base.node
+    if jit_tracing():
+        # With a store or not: a trace keeps what this call runs for every later call, so
+        # it would bake a recalled answer in, or leave the part declared cached uncached
+        # for good, silently. (An export is refused so, in `forward`.)
+        raise traced(name, JIT_TRACE)
     if store is None or all(a is None for a in (*args, *kwargs.values())):
         # Handed no tensor (every argument None, left so in the call), there is nothing
         # the answer is keyed by beside the node: it is computed, as the model computes it,
@@ -458,8 +463,6 @@ def _keyed_call(
     """:func:`_recall_or_run` of a call keyed by the tensors it is handed (``looked``: the
     modes of the module's parts were looked at just now, by :func:`held_for_call`)."""
     node = self.node
-    if jit_tracing():
-        raise traced(name, JIT_TRACE)
     if kwargs:
         args = self.bound(args, kwargs)
     args = self.trimmed(args)
