@@ -450,6 +450,92 @@ def test_a_generator_streamed_into_a_store_is_never_held_whole(tmp_path: Path, k
     assert len(fresh.get(digest)) == piece * count
 
 
+@pytest.mark.parametrize("kind", ["local", "local-durable"])
+def test_a_generator_kept_in_a_local_store_is_written_once(
+    tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A put, keep or keep_many handed a generator of more than a MiB, over one buffer
+    filled again for each piece, writes its bytes once, straight into `tmp/`, and renames
+    the file to its digest's name: no file holds them first (they were written to one,
+    then again to the blob). Each is kept as it was handed over, named by the digest of
+    its bytes, and `tmp/` is left empty."""
+    store = on_disk(tmp_path, kind)
+    assert isinstance(store, LocalStore)
+
+    def no_spill() -> None:
+        raise AssertionError("the bytes were held in a file before the blob was written")
+
+    monkeypatch.setattr(store, "_spill_file", no_spill)
+    piece, count = (1 << 20) + 7, 3
+    data = b"".join(bytes([index]) * piece for index in range(count))
+    digest = "blake3:" + blake3.blake3(data).hexdigest()
+
+    def chunks() -> Iterator[bytearray]:
+        buffer = bytearray(piece)
+        for index in range(count):
+            buffer[:] = bytes([index]) * piece
+            yield buffer
+
+    other = "blake3:" + "cd" * 32
+    assert store.put(chunks()) == digest
+    assert store.keep(KEY, chunks(), "plain").size == len(data)
+    store.keep_many((item for item in [(other, chunks())]), "plain")  # type: ignore[misc]
+    fresh = reopen(store)
+    assert fresh.verify().ok
+    assert {fresh.answer(KEY).value, fresh.answer(other).value} == {digest}  # type: ignore[union-attr]
+    assert bytes(fresh.get(digest)) == data
+    assert os.listdir(store.root / "tmp") == []
+
+
+def test_a_generator_that_raises_as_it_streams_leaves_nothing_in_a_local_store(
+    tmp_path: Path,
+) -> None:
+    """A generator that raises after handing a local store more than a MiB is raised as it
+    was, and leaves neither a blob nor a file in `tmp/`."""
+    store = Store(tmp_path / "store")
+
+    def chunks() -> Iterator[bytes]:
+        yield b"a" * (1 << 20)
+        yield b"b" * (1 << 20)
+        raise RuntimeError("the file was cut short")
+
+    with pytest.raises(RuntimeError, match="cut short"):
+        store.put(chunks())
+    with pytest.raises(RuntimeError, match="cut short"):
+        store.keep(KEY, chunks(), "plain")
+    assert os.listdir(tmp_path / "store" / "tmp") == []
+    assert [p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file()] == []
+    assert store.answer(KEY) is None
+
+
+def test_small_items_of_a_generator_are_kept_a_pack_at_a_time(
+    home: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keep_many handed a generator of many small items holds them only until they fill a
+    pack, which is kept before the next item is asked for: what is held stays bounded
+    however many items there are (all were held until the generator ended). Each is kept
+    under its key, in packs."""
+    monkeypatch.setattr("somatize.store.records.PACK_BYTES", 16 << 10)
+    keys = [f"blake3:{i:064x}" for i in range(40)]
+    seen: list[set[str]] = []
+
+    def items() -> Iterator[tuple[str, bytearray]]:
+        buffer = bytearray(1 << 10)
+        for index, key in enumerate(keys):
+            if index == 30:
+                seen.append(home.have(keys[:16]))
+            buffer[:] = bytes([index]) * len(buffer)
+            yield key, buffer
+
+    answers = home.keep_many(items(), "plain")  # type: ignore[arg-type]
+    assert seen == [set(keys[:16])]
+    assert [a.key for a in answers] == keys
+    assert len({a.value for a in answers}) == 3
+    fresh = reopen(home)
+    got = fresh.recall_many(keys)
+    assert [bytes(got[key][1]) for key in keys] == [bytes([i]) * (1 << 10) for i in range(40)]
+
+
 @pytest.mark.parametrize("kind", ["local", "file", "file-cached"])
 def test_a_generator_of_many_large_items_holds_one_file_open(tmp_path: Path, kind: str) -> None:
     """keep_many handed a generator of items of more than a MiB each holds what it streams

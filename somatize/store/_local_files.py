@@ -40,10 +40,12 @@ import blake3
 
 from somatize._threads import process_pool
 from somatize.store._packed import (
+    FROZEN_RUN,
     FULL,
     GATHER_BELOW,
     PackedHome,
     digest_of,
+    flat_pieces,
     frozen,
     hasher_for,
     nbytes,
@@ -51,6 +53,7 @@ from somatize.store._packed import (
     pieces_of,
     steady,
     steady_runs,
+    taken_below,
 )
 from somatize.store.base import (
     Answer,
@@ -507,6 +510,53 @@ class LocalFiles(PackedHome):
         return StreamedJoin(self, codec, fingerprint)
 
     def _put(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
+        return self._put_counted(data, claims)[0]
+
+    def _put_counted(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> tuple[str, int]:
+        flat = flat_pieces(data)
+        if type(flat) is list or type(flat) is tuple:
+            return self._put_listed(flat, claims), nbytes(flat)
+        return self._put_streamed(iter(flat), claims)
+
+    def _put_streamed(self, pieces: Iterator[Buffer], claims: list[str]) -> tuple[str, int]:
+        """Keeps the pieces an iterator (a generator) hands over, each taken as it holds
+        then: up to :data:`~somatize.store._packed.FROZEN_RUN` bytes of them are held and
+        kept as a list is; past that, each is written straight into ``tmp/`` as it comes,
+        hashed as it is written (a piece that may change copied first, a MiB at a time, so
+        what is hashed is what is written), and the file renamed to its digest's name once
+        the iterator is done: the bytes are written once, on the store's disk, and a crash
+        or an error of the iterator leaves nothing visible. Its digest, and how many bytes
+        it holds."""
+        taken, size, rest = taken_below(pieces, FROZEN_RUN + 1)
+        if rest is None:
+            return self._put_listed(taken, claims), size
+        hasher = new_hasher()
+        with self._in_tmp(".part") as name:
+            temporary = self._tmp + name
+            try:
+                with self._created(temporary) as out:
+                    for run in taken:
+                        hasher.update(run)
+                        out.write(run)
+                    taken.clear()  # held no longer than it is written
+                    for piece in rest:  # copied, where it may change, a MiB at a time
+                        for run in steady_runs((piece,), FROZEN_RUN):
+                            hasher.update(run)
+                            out.write(run)
+                            size += len(run)
+                    out.flush()
+                    if self.durable:
+                        os.fsync(out.fileno())
+            except BaseException as why:  # the iterator raised, or the write failed or stopped
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+                if isinstance(why, OSError) and not isinstance(why, StoreError):
+                    raise self._unwritten(temporary, None, why) from why
+                raise
+            self._place_written(temporary, "blake3:" + hasher.hexdigest(), size, claims)
+        return "blake3:" + hasher.hexdigest(), size
+
+    def _put_listed(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> str:
         pieces = pieces_of(data, self)
         size = nbytes(pieces)
         if size >= _OVERLAP:

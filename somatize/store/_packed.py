@@ -49,6 +49,7 @@ import array
 import contextlib
 import dataclasses
 import errno
+import itertools
 import math
 import mmap
 import os
@@ -60,11 +61,12 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import blake3
 
 from somatize._threads import hash_threads
+from somatize.store import records
 from somatize.store.base import (
     Answer,
     Buffer,
@@ -77,6 +79,7 @@ from somatize.store.base import (
     check_labels,
 )
 from somatize.store.records import (
+    PACK_ITEM_BELOW,
     Fingerprinted,
     PackIndex,
     Signer,
@@ -120,7 +123,7 @@ _KEPT = (
 
 
 def pieces_of(
-    data: Buffer | Sequence[Buffer], spills: Spills | Spool | None = None, *, handed: bool = False
+    data: Buffer | Sequence[Buffer], spills: Spills | Spool | None = None
 ) -> Sequence[Buffer]:
     """``data`` as the pieces written one after another, each a flat run of bytes (a
     typed or shaped buffer, of float64 values say, is taken as its bytes). Any object
@@ -130,15 +133,23 @@ def pieces_of(
     generator), which may fill one buffer again for each (``f.readinto(buf)``), are
     taken as each holds when it is handed over, before the next is asked for, and held
     in ``spills`` past the first :data:`FROZEN_RUN` bytes (see :func:`spooled`), or in
-    the file of a :class:`Spool` that holds those of other items too; so are those of
-    ``data`` itself, when an iterable ``handed`` it over (an item of a generator of
-    items)."""
+    the file of a :class:`Spool` that holds those of other items too."""
     pieces = _listed(data)
-    if not handed and isinstance(pieces, (list, tuple)):
+    if isinstance(pieces, (list, tuple)):
         return pieces
     if isinstance(spills, Spool):
         return spills.take(pieces)
     return spooled(pieces, SPILLS if spills is None else spills)
+
+
+def flat_pieces(data: Buffer | Sequence[Buffer]) -> Iterable[Buffer]:
+    """The flat pieces of ``data``, as :func:`pieces_of` takes them, not yet held: a list
+    or tuple of them, or an iterator that flattens each as it is handed over."""
+    return _listed(data)
+
+
+def _by_key(answers: Iterable[Answer]) -> Iterator[tuple[str, Answer]]:
+    return ((answer.key, answer) for answer in answers)
 
 
 def _listed(data: Buffer | Sequence[Buffer]) -> Sequence[Buffer] | Iterator[Buffer]:
@@ -279,6 +290,24 @@ class Spool(contextlib.AbstractContextManager["Spool"]):
                 into += (
                     view[at : min(at + FROZEN_RUN, end)] for at in range(start, end, FROZEN_RUN)
                 )
+
+
+def taken_below(
+    pieces: Iterator[Buffer], limit: int
+) -> tuple[list[Buffer], int, Iterator[Buffer] | None]:
+    """The first of ``pieces`` (flat, handed over by an iterator) while they hold fewer than
+    ``limit`` bytes, as runs that cannot change, each taken as it held when it was handed
+    over (a steady one as it is, any other copied); how many bytes they hold; and the rest
+    of ``pieces``, from the one that reaches ``limit``, not copied (a buffer of a GiB is
+    never copied whole), or None where ``pieces`` ended below it."""
+    held: list[Buffer] = []
+    size = 0
+    for piece in pieces:
+        if size + len(piece) >= limit:
+            return held, size, itertools.chain((piece,), pieces)
+        held.append(piece if steady(piece) else bytes(piece))
+        size += len(piece)
+    return held, size, None
 
 
 def joined_items(
@@ -585,6 +614,11 @@ class PackedHome(Spills, Store):
         """Keeps ``data`` as a blob; its digest. The digest is claimed (:meth:`_claim`, into
         ``claims``) as soon as it is known, before the blob is looked for."""
 
+    def _put_counted(self, data: Buffer | Sequence[Buffer], claims: list[str]) -> tuple[str, int]:
+        """:meth:`_put` of ``data``: its digest, and how many bytes it holds."""
+        pieces = pieces_of(data, self)
+        return self._put(pieces, claims), nbytes(pieces)
+
     @abc.abstractmethod
     def _read_blob(self, digest: str, size: int | None, borrow: bool = False) -> memoryview:
         """Blob ``digest``, verified and (unless ``size`` is None) ``size`` bytes long, in
@@ -807,10 +841,9 @@ class PackedHome(Spills, Store):
     ) -> Answer:
         check_digest(key)
         check_labels(codec, fingerprint)
-        pieces = pieces_of(data, self)
         with self._keeping() as claims:  # the blob is this keep's until its record is out
-            digest = self._put(pieces, claims)
-            answer = self._record(key, digest, codec, nbytes(pieces), fingerprint)
+            digest, size = self._put_counted(data, claims)
+            answer = self._record(key, digest, codec, size, fingerprint)
             created = self._created_after([key], answer.created)
             if created != answer.created:
                 answer = dataclasses.replace(answer, created=created)
@@ -832,10 +865,45 @@ class PackedHome(Spills, Store):
         # Items an iterator hands over (a generator filling one buffer again for each) are
         # taken as they are then, as the pieces of one are (see pieces_of).
         # Those past a MiB are held in one file for all (see Spool), mapped once all are in.
-        handed = type(items) is not list and type(items) is not tuple
+        if type(items) is not list and type(items) is not tuple:
+            return self._keep_handed(items, codec, fingerprint)
         with Spool(self) as spool:
-            listed = [(key, pieces_of(data, spool, handed=handed)) for key, data in items]
+            listed = [(key, pieces_of(data, spool)) for key, data in items]
         return keep_packed(self, listed, codec, fingerprint)
+
+    def _keep_handed(
+        self,
+        items: Iterable[tuple[str, Buffer | Sequence[Buffer]]],
+        codec: str,
+        fingerprint: str | None,
+    ) -> list[Answer]:
+        """:meth:`keep_many` of items an iterable other than a list or tuple hands over (a
+        generator, which may fill one buffer again for each), each taken as it holds then:
+        small ones are held until they fill a pack (:data:`PACK_BYTES`), which is kept before
+        the next is asked for, so what is held stays bounded however many there are; one of
+        :data:`PACK_ITEM_BELOW` or more is kept on its own as it is handed over, its bytes
+        streamed as a put streams them. Each key is checked as its item comes: the items
+        before a key that is no digest, or before the iterable raises, are kept."""
+        keys: list[str] = []
+        out: dict[str, Answer] = {}
+        small: list[tuple[str, Sequence[Buffer]]] = []
+        held = 0
+        for key, data in items:
+            check_digest(key)
+            keys.append(key)
+            taken, size, rest = taken_below(iter(flat_pieces(data)), PACK_ITEM_BELOW)
+            if rest is not None:  # kept on its own, the rest of its pieces streamed
+                streamed = itertools.chain(taken, rest)  # an iterable of pieces, as put takes
+                out[key] = self.keep(key, cast(Sequence[Buffer], streamed), codec, fingerprint)
+                continue
+            if small and held + size > records.PACK_BYTES:  # as keep_packed reads it
+                out.update(_by_key(keep_packed(self, small, codec, fingerprint)))
+                small, held = [], 0
+            small.append((key, taken))
+            held += size
+        if small:
+            out.update(_by_key(keep_packed(self, small, codec, fingerprint)))
+        return [out[key] for key in keys]
 
     def keep_joined(
         self,
