@@ -2032,9 +2032,7 @@ def test_a_cached_module_exported_by_torch_export_is_refused(
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Linear(6, 2))
     names: Any = True if declared == "whole" else ["0"]
-    wrapped = smt.wrap(
-        model, frozen=names, cached=names, store=store if kept == "store" else None
-    )
+    wrapped = smt.wrap(model, frozen=names, cached=names, store=store if kept == "store" else None)
     smt.freeze(wrapped)
     x = torch.randn(4, 6)
     wrapped(x)
