@@ -138,8 +138,9 @@ _LEFT_AS_IT_WAS = {
 """What each command did not do at a bucket prefix holding no store, as its refusal says."""
 
 _A_STORE_HOLDS = (
-    "blobs/, and answers/, packs/ or names/; or, once its upkeep emptied those, what verify "
-    "moved aside in quarantine/"
+    "its marker, the file somatize-store, or, made by an earlier somatize, blobs/, and "
+    "answers/, packs/ or names/, or, once its upkeep emptied those, what verify moved aside "
+    "in quarantine/"
 )
 """What a store's directory or prefix holds (:func:`somatize.store.base.holds_store`), as a
 refusal of one holding none says."""

@@ -503,6 +503,9 @@ def test_a_local_store_made_before_another_was_opened_above_it_outlives_its_gc(
     inner.bind("ds", inner.put(b"the inner store's dataset"))
     inner.close()
     held = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    with pytest.raises(BadAddress, match="holds files but no store"):
+        Store(tmp_path / "outer")  # unmarked, holding another's files: no store of its own
+    (tmp_path / "outer" / "somatize-store").touch()  # marked by hand, as the refusal says
     outer = Store(tmp_path / "outer")
     outer.keep("blake3:" + "2" * 64, b"the outer store's answer", "plain")
     outer.put(b"nothing refers to this")
@@ -530,6 +533,9 @@ def test_a_local_store_made_before_another_was_opened_above_it_is_no_name_record
     inner.bind("ds", inner.put(b"the inner store's dataset"))
     inner.close()
     held = sorted(p.relative_to(root) for p in root.rglob("*") if p.is_file())
+    with pytest.raises(BadAddress, match="holds files but no store"):
+        Store(tmp_path / "outer")  # unmarked, holding another's files: no store of its own
+    (tmp_path / "outer" / "somatize-store").touch()  # marked by hand, as the refusal says
     outer = Store(tmp_path / "outer")
     outer.keep("blake3:" + "2" * 64, b"the outer store's answer", "plain")
     outer.bind("mine", outer.put(b"the outer store's dataset"))

@@ -259,8 +259,7 @@ def _stamped_ahead(root: Path, section: str) -> Path:
     if section == "blobs":
         path = LocalStore(root).blob_path(LocalStore(root).put(b"b" * 1_000))
     else:
-        path = root / "tmp" / "4242-writing.part"
-        path.parent.mkdir(parents=True)
+        path = LocalStore(root).root / "tmp" / "4242-writing.part"
         path.write_bytes(b"b" * 1_000)
     os.utime(path, (1e11, 1e11))  # the year 5138
     return path

@@ -39,7 +39,15 @@ from typing import Any, TypeVar, cast
 
 from somatize.store._local_files import NotAFile, _open_regular, _read_file
 from somatize.store._packed import PackedHome, nbytes
-from somatize.store.base import BadAddress, Buffer, Missing, StoreError, check_digest
+from somatize.store.base import (
+    MARKER,
+    MARKER_DATA,
+    BadAddress,
+    Buffer,
+    Missing,
+    StoreError,
+    check_digest,
+)
 
 T = TypeVar("T")
 
@@ -262,6 +270,9 @@ class BucketNotes:
     on) makes those calls fast only on an object of fewer than 30 attributes, whose keys
     its class's objects share (tests/test_engine.py counts them)."""
 
+    marked: bool = False
+    """Whether the store's marker was found, or written, before this object's first write
+    (see :meth:`BucketRequests._ensure_marked`)."""
     bucket_seen: bool = False
     """Whether the bucket was once looked for and not found missing (see
     :meth:`BucketRequests._refused_keeping`)."""
@@ -491,6 +502,33 @@ class BucketRequests(PackedHome):
         archived = self._in_archive(f"write {path.rsplit('/', 2)[-2]}/ of")
         if archived is not None:
             raise archived
+        if not self._noted.marked:
+            self._ensure_marked()
+        self._publish(path, pieces)
+
+    def _ensure_marked(self) -> None:
+        """Before this object's first write: writes the store's marker where the prefix bears
+        none (one request to look, one to write it, whole, as every upload is). A bucket has
+        no folders to make, so a store is made by its first write, whatever else its prefix
+        holds (a user's files there are left alone by its upkeep), and one an earlier
+        somatize made is marked so, and kept a store once its upkeep empties it."""
+        marker = f"{self.root}/{MARKER}"
+        self.fs.invalidate_cache(marker)
+        try:
+            self._call(f"looking for {marker}", self.fs.info, marker)
+        except FileNotFoundError:
+            self._publish(marker, [MARKER_DATA])
+        self._noted.marked = True
+
+    def _mark(self) -> bool:
+        try:
+            self._publish(f"{self.root}/{MARKER}", [MARKER_DATA])
+        except OSError:  # not written (credentials that may only read): left as it was
+            return False
+        return True
+
+    def _publish(self, path: str, pieces: Sequence[Buffer]) -> None:
+        """Writes ``pieces`` at ``path`` whole (see :meth:`_write`)."""
         if self._atomic:
             self._upload(path, path, pieces)
             return

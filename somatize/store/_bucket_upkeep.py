@@ -31,7 +31,13 @@ from typing import Any
 from somatize.store._bucket_requests import BucketRequests
 from somatize.store._local_upkeep import _set_times
 from somatize.store._packed import hash_bytes
-from somatize.store.base import StoreError, check_digest, holds_store, moment, prune_above
+from somatize.store.base import (
+    StoreError,
+    check_digest,
+    moment,
+    prune_above,
+    store_kind,
+)
 from somatize.store.local import LocalStore
 from somatize.store.upkeep import Collected, Entry, Progress, collect
 
@@ -315,9 +321,31 @@ class BucketShelf(BucketRequests):
         return out
 
     def _holds_store(self, root: str | None = None) -> bool:
-        """Whether the prefix (or ``root``, another in the bucket) holds a store, as a local
-        store's directory does (:func:`holds_store`): one listing of the prefix, and of its
-        ``quarantine/`` where only that tells."""
+        """Whether the prefix (or ``root``, another in the bucket) holds a store, marked or of
+        an earlier layout, as a local store's directory does."""
+        return self._store_kind(root) is not None
+
+    def _fresh(self) -> bool:
+        """Whether the prefix holds nothing but empty folders a store makes (on an object
+        store, which keeps no empty folder: nothing), where a new store may be made."""
+        listed = self._names_in(self.root)
+        return all(
+            name in self._sections and not self._names_in(f"{self.root}/{name}") for name in listed
+        )
+
+    def _names_in(self, at: str) -> set[str]:
+        """The names of what lies in the folder ``at`` (one fresh listing; none if absent)."""
+        self.fs.invalidate_cache(at)
+        try:
+            found = self._call(f"listing {at}", self.fs.ls, at, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            found = []
+        return {str(path).rstrip("/").rsplit("/", 1)[-1] for path in found}
+
+    def _store_kind(self, root: str | None = None) -> str | None:
+        """What the prefix (or ``root``, another in the bucket) holds, as a local store's
+        directory does (:func:`~somatize.store.base.store_kind`): one listing of the prefix,
+        and of its ``quarantine/`` where only that tells."""
         root = self.root if root is None else root
         listed: dict[str, set[str]] = {}
 
@@ -333,7 +361,7 @@ class BucketShelf(BucketRequests):
                 listed[above] = {str(path).rstrip("/").rsplit("/", 1)[-1] for path in found}
             return name in listed[above]
 
-        return holds_store(holds)
+        return store_kind(holds)
 
     def _removed(self, section: str, names: Iterable[str]) -> None:
         """Notes that a gc removed ``names`` from ``section``: their times are not kept."""

@@ -41,7 +41,7 @@ from somatize.store._local_files import (
     _read_file,
 )
 from somatize.store._packed import FULL, hash_bytes
-from somatize.store.base import StoreError, holds_store, prune_above
+from somatize.store.base import MARKER, StoreError, holds_store, prune_above
 from somatize.store.upkeep import Entry, _laid_out, blob_digest
 
 
@@ -475,6 +475,10 @@ def _within(path: str, homes: tuple[str, ...]) -> bool:
 
 def _a_store(folder: str, folders: list[str]) -> bool:
     """Whether ``folder``, holding ``folders``, holds a store (:func:`holds_store`)."""
-    return holds_store(
-        lambda at: at in folders if "/" not in at else os.path.isdir(os.path.join(folder, at))
-    )
+
+    def holds(at: str) -> bool:
+        if at == MARKER:
+            return os.path.lexists(os.path.join(folder, at))
+        return at in folders if "/" not in at else os.path.isdir(os.path.join(folder, at))
+
+    return holds_store(holds)

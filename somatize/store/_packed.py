@@ -77,6 +77,7 @@ from somatize.store.base import (
     StoreFull,
     check_digest,
     check_labels,
+    unmarked,
 )
 from somatize.store.records import (
     PACK_ITEM_BELOW,
@@ -1248,14 +1249,45 @@ class PackedHome(Spills, Store):
         grace: float = 60.0,
         progress: Progress | None = None,
     ) -> Collected:
+        self._refuse_unmarked("collect")
         result = collect(self, max_bytes, grace, progress)
         self._collected(grace)
         return result
+
+    def _store_kind(self) -> str | None:
+        """What the store's root holds (:func:`~somatize.store.base.store_kind`)."""
+        return "marked"
+
+    def _fresh(self) -> bool:
+        """Whether the store's root holds nothing a store did not make, and none of it."""
+        return False
+
+    def _mark(self) -> bool:
+        """Writes the store's marker at its root; False where it cannot be written."""
+        return False
+
+    def _refuse_unmarked(self, doing: str) -> None:
+        """Refuses upkeep that removes or moves files (``doing``: what it would do) at a
+        root that bears no store's marker and is not clearly a store, where the files it
+        would take for unused or damaged may be a user's; marks one an earlier somatize
+        made (as far as it may be written: a read-only one is looked after as ever)."""
+        kind = self._store_kind()
+        if kind == "clear":
+            self._mark()
+        elif kind != "marked" and not self._fresh():
+            found = (
+                "it holds no more than what verify moves aside in quarantine/"
+                if kind == "emptied"
+                else "it holds no store"
+            )
+            raise unmarked(self._where, found, doing)
 
     def _collected(self, grace: float) -> None:
         """What a home does after a collection (a bucket tidies its cache and its logs)."""
 
     def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:
+        if quarantine:
+            self._refuse_unmarked("move damaged files aside in")
         return check(self, quarantine, progress)
 
     def _forget_all(self) -> None:

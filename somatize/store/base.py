@@ -347,19 +347,55 @@ def section_above(
 _REFERRING = ("answers", "packs", "names")
 """The sections whose files refer to blobs: one of them beside ``blobs/`` is a store's."""
 
+MARKER = "somatize-store"
+"""The file at a store's root that marks it a store: written, whole, as the store is made,
+and never removed by its upkeep, so that a store its gc emptied (a bucket's prefix holding
+only ``blobs/`` in their grace) stays one, and a folder that merely holds folders so named
+(a user's ``blobs/``) is none. Its presence is the mark; what it holds says what wrote it."""
+
+MARKER_DATA = b'{"somatize": "store", "layout": 1}\n'
+"""What :data:`MARKER` holds, as a store writes it."""
+
+
+def store_kind(holds: Callable[[str], bool]) -> str | None:
+    """What a folder (a directory, a bucket's prefix) holds, ``holds`` telling whether an
+    entry is in it (the file :data:`MARKER`, the folders ``blobs``, ``quarantine/names``):
+    ``"marked"``, a store that bears its marker; ``"clear"``, a store an earlier somatize
+    made, unmarked (``blobs/``, and ``answers/``, ``packs/`` or ``names/``), marked as it is
+    opened; ``"emptied"``, no more than, in ``quarantine/``, a folder of one of its sections
+    (what ``verify`` moved aside): all that is left of an earlier store whose every answer a
+    gc dropped and every name ``verify`` moved aside where no empty folder is kept (a
+    bucket, a directory copied from one), and what a user's folder may hold as well, so it
+    is read but never collected nor moved from, and not marked; None, no store
+    (``blobs/`` alone is none: a gc would take every file there for unused)."""
+    if holds(MARKER):
+        return "marked"
+    if holds("blobs") and any(holds(section) for section in _REFERRING):
+        return "clear"
+    if holds("quarantine") and any(
+        holds(f"quarantine/{section}") for section in ("blobs", *_REFERRING)
+    ):
+        return "emptied"
+    return None
+
 
 def holds_store(holds: Callable[[str], bool]) -> bool:
-    """Whether a folder (a directory, a bucket's prefix) holds a store, ``holds`` telling
-    whether a folder is in it (``blobs``, ``quarantine/names``): ``blobs/``, and
-    ``answers/``, ``packs/`` or ``names/``; or, in ``quarantine/``, a folder of one of its
-    sections (what ``verify`` moved aside), which is all that is left where no empty folder
-    is kept (a bucket, a directory copied from one) of a store whose every answer a gc
-    dropped and every name ``verify`` moved aside. ``blobs/`` alone is none: a gc would take
-    every file there for unused."""
-    if holds("blobs") and any(holds(section) for section in _REFERRING):
-        return True
-    return holds("quarantine") and any(
-        holds(f"quarantine/{section}") for section in ("blobs", *_REFERRING)
+    """Whether a folder holds a store, marked or of an earlier somatize's layout
+    (:func:`store_kind`)."""
+    return store_kind(holds) is not None
+
+
+def unmarked(
+    where: str, found: str, doing: str, error: type[StoreError] = StoreError
+) -> StoreError:
+    """The refusal (an ``error``) to ``doing`` at ``where``, which bears no store's marker and
+    is not clearly a store: ``found`` says what it holds."""
+    return error(
+        f"cannot {doing} {where}: {found}, and it bears no store's marker (the file "
+        f"`{MARKER}` a store writes at its root as it is made), so it may be a folder of "
+        "yours and nothing was changed there. Name a store, or a new or empty folder for a "
+        "new one; if this is a store an earlier somatize made and emptied, mark it by "
+        f"creating the file `{MARKER}` at its root (an empty file will do)"
     )
 
 

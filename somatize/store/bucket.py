@@ -76,6 +76,7 @@ from somatize.store.base import (
     section_above,
     unbacked,
     unbound,
+    unmarked,
 )
 from somatize.store.local import LocalStore, no_home
 from somatize.store.records import (
@@ -603,6 +604,10 @@ class BucketStore(BucketShelf):
         if found is not None:
             raise inside_a_section(url, (self.fs.unstrip_protocol(found[0]), found[1]))
         if not self._atomic:  # writes go through tmp/, which a fresh directory lacks
+            if self._store_kind() is None and not self._fresh():
+                # A directory holding files but no store, which may be a user's: nothing is
+                # made there, as a local store's open refuses it.
+                raise unmarked(url, "it holds files but no store", "open a store at", BadAddress)
             try:
                 self.fs.makedirs(self._path("tmp", ""), exist_ok=True)
             except OSError as why:
@@ -610,6 +615,10 @@ class BucketStore(BucketShelf):
         self.cache: LocalStore | None = self._cache_at(cache) if cache is not None else None
         self._hold_nothing()
         self._noted = BucketNotes()
+        if not self._atomic:  # a directory is made a store as it is opened, as a local one
+            if self._store_kind() in (None, "clear"):
+                self._mark()
+            self._noted.marked = True
 
     _read_so_far = (*BucketShelf._read_so_far, "_packs_seen")
 

@@ -52,6 +52,7 @@ import io
 import mmap
 import os
 import re
+import tempfile
 import time
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -72,6 +73,8 @@ from somatize.store._local_files import (
 from somatize.store._local_upkeep import LocalShelf, _write_uses
 from somatize.store._packed import FULL, hash_bytes
 from somatize.store.base import (
+    MARKER,
+    MARKER_DATA,
     Answer,
     BadAddress,
     Corrupt,
@@ -80,10 +83,11 @@ from somatize.store.base import (
     StoreError,
     check_digests,
     check_name,
-    holds_store,
     inside_a_section,
     keys_of,
     section_above,
+    store_kind,
+    unmarked,
 )
 from somatize.store.records import Signer, decode_name, decode_record, signer_from
 
@@ -246,7 +250,15 @@ class LocalStore(LocalShelf):
         self._resolved: str | None = None
         """The root, resolved the first time an address was asked for (once, not per job)."""
         self.signer: Signer | None = signer_from(signing_key)
-        for part in ("blobs", "names", "answers", "packs", "tmp"):
+        kind = _kind_at(str(self.root))
+        if kind is None and not _fresh(str(self.root)):
+            raise unmarked(
+                str(self.root), "it holds files but no store", "open a store at", BadAddress
+            )
+        # What is left of an earlier store emptied by its upkeep is read as it is, its
+        # folders made as a write needs them: made now, they would make a user's folder
+        # that holds the same look like a store to a later gc.
+        for part in () if kind == "emptied" else ("blobs", "names", "answers", "packs", "tmp"):
             try:
                 (self.root / part).mkdir(parents=True, exist_ok=True)
             except OSError as why:
@@ -268,6 +280,8 @@ class LocalStore(LocalShelf):
         self._answers = f"{self.root / 'answers'}{os.sep}"
         self._packs_dir = str(self.root / "packs")
         self._tmp = f"{self.root / 'tmp'}{os.sep}"
+        if kind != "marked" and kind != "emptied":
+            self._mark()  # a new store, or one an earlier somatize made
         if self.durable:  # kept only where it is used: a store's few attributes stay shared
             self._synced: dict[str, tuple[int, int]] = {}
         self._hold_nothing()
@@ -276,6 +290,35 @@ class LocalStore(LocalShelf):
         # fast only on an object of fewer than 30 attributes, whose keys its class's
         # objects share (tests/test_engine.py counts them).
         weakref.finalize(self, _write_uses, str(self.root), self._used, self._used_packs)
+
+    def _mark(self) -> bool:
+        """Writes the store's marker at its root, whole (written in ``tmp/``, then renamed);
+        False where it cannot be written (a store this process may not write, or a full
+        disk), which leaves the store as it was."""
+        try:
+            fd, part = tempfile.mkstemp(prefix="marker.", suffix=".part", dir=self._tmp)
+        except OSError:
+            return False
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(MARKER_DATA)
+                if self.durable:
+                    handle.flush()
+                    os.fsync(handle.fileno())
+            os.replace(part, self.root / MARKER)  # the same bytes, whoever writes them
+            if self.durable:
+                self._sync_directory(self.root)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            return False
+        return True
+
+    def _store_kind(self) -> str | None:
+        return _kind_at(str(self.root))
+
+    def _fresh(self) -> bool:
+        return _fresh(str(self.root))
 
     _read_so_far = (
         *LocalShelf._read_so_far,
@@ -685,6 +728,39 @@ class LocalStore(LocalShelf):
             self._packs_look = _PacksLook()
 
 
+def _kind_at(root: str) -> str | None:
+    """What the directory ``root`` holds (:func:`~somatize.store.base.store_kind`)."""
+
+    def holds(entry: str) -> bool:
+        path = os.path.join(root, entry)
+        return os.path.lexists(path) if entry == MARKER else os.path.isdir(path)
+
+    return store_kind(holds)
+
+
 def _holds_store(root: str) -> bool:
-    """Whether the directory ``root`` holds a store (:func:`holds_store`)."""
-    return holds_store(lambda folder: os.path.isdir(os.path.join(root, folder)))
+    """Whether the directory ``root`` holds a store, marked or of an earlier layout."""
+    return _kind_at(root) is not None
+
+
+_OWN_FOLDERS = frozenset(("blobs", "names", "answers", "packs", "tmp", "quarantine"))
+
+
+def _fresh(root: str) -> bool:
+    """Whether a new store may be made at ``root``: no such directory (yet), or one holding
+    nothing but empty folders a store makes (a store's making, stopped before its marker)."""
+    try:
+        with os.scandir(root) as entries:
+            for entry in entries:
+                if entry.name not in _OWN_FOLDERS or not entry.is_dir(follow_symlinks=False):
+                    return False
+                with os.scandir(entry.path) as inside:
+                    if next(inside, None) is not None:
+                        return False
+    except FileNotFoundError:
+        return True
+    except NotADirectoryError:
+        return True  # said as the folders are made: a file, not a directory
+    except OSError:
+        return False
+    return True

@@ -72,7 +72,15 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 from somatize._numbers import finite
-from somatize.store.base import Answer, BadName, Corrupt, NewerFormat, StoreError, check_name
+from somatize.store.base import (
+    MARKER,
+    Answer,
+    BadName,
+    Corrupt,
+    NewerFormat,
+    StoreError,
+    check_name,
+)
 from somatize.store.records import (
     KEY_VARIABLE,
     KeyMismatch,
@@ -292,11 +300,13 @@ def _holds_no_name(shelf: Shelf, entries: list[Entry]) -> bool:
 def _in_store(name: str, roots: list[str]) -> str | None:
     """The folder of ``roots`` whose store ``name`` is a file of (in one of its sections),
     or None. A file beside those sections is no file that store writes: a name bound under
-    the folder's name (``old/v1``) since, which is this store's."""
+    the folder's name (``old/v1``) since, which is this store's; its marker is the other's."""
     for root in roots:
         if name.startswith(f"{root}/"):
-            section = name[len(root) + 1 :].split("/", 1)[0]
-            if section in (*SECTIONS, "used") and "/" in name[len(root) + 1 :]:
+            inside = name[len(root) + 1 :]
+            if inside == MARKER:
+                return root
+            if inside.split("/", 1)[0] in (*SECTIONS, "used") and "/" in inside:
                 return root
     return None
 
