@@ -27,6 +27,7 @@ from somatize.store import (
     NewerFormat,
     Store,
     StoreError,
+    Unsigned,
 )
 from somatize.store._packed import hash_bytes
 from somatize.store.records import NameSignedAlone, Signer
@@ -1452,3 +1453,31 @@ def test_verify_never_quarantines_a_blob_written_afresh_after_it_was_hashed(
     fresh = LocalStore(root)
     assert fresh.have([key_of(1)]) == {key_of(1)}
     assert bytes(fresh.recall(key_of(1))[1]) == content
+
+
+def test_a_rotated_key_leaves_old_names_in_place_and_old_answers_to_recompute(
+    tmp_path: Path,
+) -> None:
+    """After the signing key is rotated, upkeep with the new key refuses to run until
+    something is signed with it; then verify --quarantine moves the records the old key
+    signed aside (misses, recomputed) and leaves its names in place, reported, the blob each
+    names kept by gc; a name bound again with the new key resolves and is no longer reported."""
+    root = tmp_path / "store"
+    old = LocalStore(root, signing_key="old secret")
+    old.keep(key_of(1), b"an old answer", "plain")
+    digest = old.put(b"a dataset")
+    old.bind("data/v1", digest)
+    new = LocalStore(root, signing_key="new secret")
+    with pytest.raises(KeyMismatch):
+        new.verify(quarantine=True)
+    new.keep(key_of(2), b"a new answer", "plain")
+    found = new.verify(quarantine=True)
+    assert sorted(d.section for d in found.damaged) == ["answers", "names"]
+    assert found.quarantined == [f"answers/{key_of(1)[7:9]}/{key_of(1)[7:]}"]
+    assert new.answer(key_of(1)) is None
+    with pytest.raises(Unsigned):
+        new.resolve("data/v1")
+    assert new.gc(max_bytes=0, grace=0).unread_names == []  # it says which blob it names
+    assert bytes(new.get(digest)) == b"a dataset"
+    new.bind("data/v1", LocalStore(root, signing_key="old secret").resolve("data/v1"))
+    assert new.resolve("data/v1") == digest and new.verify().damaged == []
