@@ -148,6 +148,7 @@ def test_a_folder_holding_other_files_is_no_place_for_a_new_store(tmp_path: Path
     half = tmp_path / "half"
     (half / "blobs").mkdir(parents=True)  # a store's making, stopped before its marker
     (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / ".DS_Store").write_bytes(b"a file browser's")
     for at in (half, tmp_path / "empty", tmp_path / "missing"):
         assert _marker(LocalStore(at)) == MARKER_DATA
 

@@ -748,10 +748,13 @@ _OWN_FOLDERS = frozenset(("blobs", "names", "answers", "packs", "tmp", "quaranti
 
 def _fresh(root: str) -> bool:
     """Whether a new store may be made at ``root``: no such directory (yet), or one holding
-    nothing but empty folders a store makes (a store's making, stopped before its marker)."""
+    nothing but empty folders a store makes (a store's making, stopped before its marker),
+    and a file browser's ``.DS_Store``."""
     try:
         with os.scandir(root) as entries:
             for entry in entries:
+                if entry.name == ".DS_Store":  # what a file browser leaves in any folder
+                    continue
                 if entry.name not in _OWN_FOLDERS or not entry.is_dir(follow_symlinks=False):
                     return False
                 with os.scandir(entry.path) as inside:
