@@ -164,6 +164,21 @@ def test_a_name_file_holding_its_digest_alone_resolves(home: Store) -> None:
         assert reopen(home).resolve("sms/train") == digest
 
 
+def test_a_bind_of_bytes_a_gc_removed_since_they_were_put_says_a_gc_may_have(
+    home: Store,
+) -> None:
+    """Bytes put and bound only after a gc removed them (nothing referred to them, and they
+    were older than its grace) are refused saying a gc may have removed them since, and to
+    put them again: the caller did put them, so "put them first" alone would send them to
+    do what they did."""
+    digest = home.put(b"a dataset put, bound later")
+    home.gc(grace=0)
+    with pytest.raises(Missing, match=r"Put them first.*gc.*grace.*put them again"):
+        home.bind("sms/train", digest)
+    home.bind("sms/train", home.put(b"a dataset put, bound later"))
+    assert reopen(home).resolve("sms/train") == digest
+
+
 def test_a_name_for_a_blob_not_kept_is_refused(home: Store) -> None:
     """Binding a digest no blob is kept under is Missing, saying to put the bytes first, and
     binds nothing: a name never points at nothing from the start."""

@@ -313,7 +313,9 @@ def unbacked(name: str, digest: str, where: str) -> Missing:
     return Missing(
         f"cannot bind `{name}` to {digest}: no blob {digest} is kept in {where}, and a name "
         "points at bytes kept in its store. Put them first: "
-        f"`store.bind({name!r}, store.put(data))`"
+        f"`store.bind({name!r}, store.put(data))`. Bytes put earlier that nothing refers to "
+        "yet are spared by a gc (in any process, this one's too) only for its grace, 60 s "
+        "by default: one may have removed them since; put them again and bind at once"
     )
 
 
