@@ -469,10 +469,17 @@ def _unread(
     if self._unread_warned:
         return
     self._unread_warned = True
+    look = (
+        # Found by the lookup and gone at the read: let go of, not damaged.
+        "the store let them go after they were looked up (a gc, in this process or "
+        "another, or a file removed by hand), so nothing is wrong with it"
+        if isinstance(why, Missing)
+        else "`somatize store verify` looks the store over"
+    )
     warnings.warn(
         f"rows of `{type(self.module).__name__}` could not be {doing} the store "
         f"({type(why).__name__}: {why}); they were computed again. `stats.rows_unread` "
-        "counts such rows; `somatize store verify` looks the store over",
+        f"counts such rows; {look}",
         SomatizeWarning,
         stacklevel=outside_level(),
     )

@@ -746,6 +746,30 @@ def test_a_store_read_that_fails_computes_the_rows_again_and_says_so(
     cached.close()
 
 
+@pytest.mark.parametrize(
+    ("how", "says", "not_says"),
+    [("removed", "after they were looked up (a gc", "verify"), ("damaged", "verify", "a gc")],
+)
+def test_rows_a_gc_took_after_their_lookup_are_said_let_go_not_damaged(
+    store: Store, how: str, says: str, not_says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows a lookup found and the read no longer did (a gc in another process removed them
+    in between, as happens while one runs beside training) are said to be let go of, not
+    sent to `verify` as if the store were damaged; rows found damaged still are."""
+    x = rows(16)
+    first = cache_rows(mlp(), store)
+    first(x)
+    first.flush()
+    reader = Store(store.root)
+    _fail_reads(reader, how, monkeypatch)
+    cached = cache_rows(mlp(), reader)
+    with pytest.warns(SomatizeWarning, match="could not be read back") as warned:
+        assert torch.equal(cached(x), truth(x))
+    [message] = [str(w.message) for w in warned if "could not be read back" in str(w.message)]
+    assert says in message and not_says not in message
+    cached.close()
+
+
 @pytest.mark.parametrize("home", ["local", "bucket"])
 def test_a_damaged_pack_is_read_once_and_its_rows_written_again(
     tmp_path: Path, home: str, monkeypatch: pytest.MonkeyPatch
