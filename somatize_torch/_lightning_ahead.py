@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from lightning.pytorch.utilities import CombinedLoader
 
+from somatize_torch._prefill import not_a_loader
 from somatize_torch.ahead import Ahead
 from somatize_torch.rows import CachedRows
 
@@ -53,7 +54,9 @@ def fetch_ahead(
     loaders = combined.flattened
     wrapped = [
         dl
-        if isinstance(dl, Ahead) or callable(getattr(dl, "state_dict", None))
+        if isinstance(dl, Ahead)
+        or callable(getattr(dl, "state_dict", None))
+        or not_a_loader(dl, "") is not None  # no loader of batches: Lightning iterates it
         else Ahead(dl, caches, check_draws=True)
         for dl in loaders
     ]

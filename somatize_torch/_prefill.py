@@ -113,6 +113,50 @@ def _refuse_unnamed(batch: Any) -> NoReturn:
     )
 
 
+def check_loader(loader: object, where: str) -> None:
+    """Refuses what is not a loader of batches, naming ``where`` it was handed
+    (:func:`not_a_loader`)."""
+    refusal = not_a_loader(loader, where)
+    if refusal is not None:
+        raise refusal
+
+
+def not_a_loader(loader: object, where: str) -> TypeError | None:
+    """The refusal of ``loader`` as a loader of batches, or None where it is one: no
+    iterable at all, a tensor (iterated, it gives rows, each taken for a batch of its
+    values), or a map-style dataset (it gives samples one by one, not batches) would
+    cache rows no training step asks for, or fail deep in the module."""
+    if isinstance(loader, torch.Tensor):
+        return TypeError(
+            f"{where} takes a loader of batches (a DataLoader, a list of batch tensors), "
+            f"got a tensor of shape {list(loader.shape)}: iterated, it gives rows, each "
+            "taken for a batch. Hand it `[x]` for one batch, or a "
+            "`DataLoader(TensorDataset(x), batch_size=...)`"
+        )
+    dataset = isinstance(loader, torch.utils.data.Dataset)
+    if dataset and not hasattr(type(loader), "__iter__"):
+        return TypeError(
+            f"{where} takes a loader of batches, got a `{type(loader).__name__}`, a dataset: "
+            "iterated, it gives one sample at a time, each taken for a batch. Hand it "
+            "`DataLoader(dataset, batch_size=...)`"
+        )
+    if not isinstance(loader, Iterable) and not hasattr(type(loader), "__getitem__"):
+        return TypeError(
+            f"{where} takes a loader of batches (a DataLoader, a list of batch tensors), "
+            f"got a `{type(loader).__name__}`"
+        )
+    return None
+
+
+def check_callable(value: object, name: str, example: str) -> None:
+    """Refuses a setting `name` that is neither None nor a function of each loader item."""
+    if value is not None and not callable(value):
+        raise TypeError(
+            f"{name}= is a function of each loader item, {example}, or None; got "
+            f"{value!r}, a `{type(value).__name__}`"
+        )
+
+
 def prefill(
     cached: CachedRows,
     loader: Iterable[Any],
@@ -140,6 +184,11 @@ def prefill(
         raise TypeError(
             f"prefill takes a module made by `cache_rows`, got a `{type(cached).__name__}`"
         )
+    check_loader(loader, "prefill(cached, loader)")
+    check_callable(inputs, "inputs", "`lambda item: item[0]`")
+    check_callable(convert, "convert", "`lambda item: item.half()`")
+    if not isinstance(progress, bool):
+        raise TypeError(f"progress= is True or False, got {progress!r}")
     # Rows computed before, still on their way to the store, are written first: its
     # flush at the end would write them too, and count them as kept by the prefill.
     cached.flush()

@@ -850,3 +850,20 @@ def test_a_loader_with_workers_and_dict_items_gives_each_row_its_own_answer(
         if thread.name == "QueueFeederThread":
             thread.join(timeout=30)  # a worker queue's, ending as torch closes the queue
     assert len(threading.enumerate()) == threads
+
+
+def test_ahead_refuses_a_tensor_a_dataset_and_settings_of_the_wrong_kind(
+    warm: CachedRows,
+) -> None:
+    """ahead handed a batch tensor or a map-style dataset for a loader, an inputs= that is
+    no function or a check_draws= that is no bool says which, where it went on to hand out
+    single rows or samples (or turned on the check for a string "no")."""
+    data = images(6)
+    with pytest.raises(TypeError, match=r"ahead\(loader, \.\.\.\) takes a loader of batches"):
+        ahead(data, warm)
+    with pytest.raises(TypeError, match=r"a dataset.*DataLoader\(dataset"):
+        ahead(TensorDataset(data), warm)
+    with pytest.raises(TypeError, match=r"inputs= is a function of each loader item"):
+        ahead(loader(data), warm, inputs=0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"check_draws= is True or False, got 'no'"):
+        ahead(loader(data), warm, check_draws="no")  # type: ignore[arg-type]

@@ -4242,3 +4242,32 @@ def test_a_wrapped_model_with_a_part_cached_per_batch_recalls_its_rows(
         assert torch.equal(cached(x), first)
     assert cached.stats.computed == 4 and cached.keyed_anew == 0
     cached.close()
+
+
+def test_prefill_refuses_a_tensor_or_a_dataset_for_a_loader(cached: CachedRows) -> None:
+    """prefill handed a batch tensor or a map-style dataset instead of a loader of batches
+    says so and what to hand it, keeping nothing: iterated, each gives single rows or
+    samples that were each taken for a batch, so the prefill kept rows of their values no
+    training step asks for and counted them as the rows it was handed."""
+    data = images(6)
+    with pytest.raises(TypeError, match=r"got a tensor of shape \[6, 3, 8, 8\].*`\[x\]`"):
+        prefill(cached, data, progress=False)
+    with pytest.raises(TypeError, match=r"got a `TensorDataset`, a dataset.*DataLoader\(dataset"):
+        prefill(cached, TensorDataset(data, torch.arange(6)), progress=False)
+    with pytest.raises(TypeError, match=r"takes a loader of batches .*got a `NoneType`"):
+        prefill(cached, None, progress=False)  # type: ignore[arg-type]
+    assert cached.stats.rows == 0
+    assert prefill(cached, [data], progress=False).rows == 6
+
+
+def test_prefill_refuses_settings_of_the_wrong_kind(cached: CachedRows) -> None:
+    """inputs= and convert= that are no function, and a progress= that is no bool (a
+    string "no" would draw the bar), are refused by name before a batch runs."""
+    batches = loader(images(16))
+    with pytest.raises(TypeError, match=r"inputs= is a function of each loader item.*got 'x'"):
+        prefill(cached, batches, inputs="x", progress=False)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"convert= is a function of each loader item"):
+        prefill(cached, batches, convert=torch.half, progress=False)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"progress= is True or False, got 'no'"):
+        prefill(cached, batches, progress="no")  # type: ignore[arg-type]
+    assert cached.stats.rows == 0
