@@ -322,6 +322,12 @@ def _state_tensors(module: nn.Module, read: Sequence[Read] = ()) -> dict[str, to
 def digest_state(module: nn.Module, read: Sequence[Read] = ()) -> str:
     """``blake3:<hex>`` of a module's parameters and buffers (persistent or not), by name,
     and of those of each module its code reads from a name of its module (``read``)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(
+            f"digest_state takes an nn.Module (its parameters and buffers are digested), got "
+            f"a `{type(module).__name__}`; for named tensors, a `state_dict()`, use "
+            "`digest_named(tensors)`"
+        )
     return digest_named(_state_tensors(module, read), "state")
 
 

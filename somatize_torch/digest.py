@@ -257,6 +257,12 @@ def raw_digest(tensor: torch.Tensor) -> bytes:
 
 
 def _dtype_code(tensor: torch.Tensor) -> str:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(
+            f"a tensor's content is digested from a torch.Tensor, got a "
+            f"`{type(tensor).__name__}`: make one first (`torch.as_tensor(value)`, "
+            "`torch.from_numpy(array)`), or digest each tensor of a collection on its own"
+        )
     if tensor.is_nested:
         raise TypeError(
             f"a nested {tensor.dtype} tensor cannot be digested or written: its rows have no "
@@ -600,6 +606,11 @@ def digest_named(tensors: Mapping[str, torch.Tensor], kind: str = "dict") -> str
     shape and raw digest, names sorted — whatever order the mapping was filled in and
     wherever each tensor lives. ``kind`` says what the collection is (``dict``,
     ``tuple``, ``state``) so that a tuple and a dict of the same tensors differ."""
+    if not isinstance(tensors, Mapping):
+        raise TypeError(
+            f"digest_named takes a mapping of names to tensors (a `state_dict()`, "
+            f"`dict(module.named_parameters())`), got a `{type(tensors).__name__}`"
+        )
     entries: dict[str, Any] = {}
     for name, tensor in tensors.items():
         entries[name] = [_dtype_code(tensor), list(tensor.shape), raw_digest(tensor)]

@@ -275,6 +275,8 @@ def _asker(module: nn.Module) -> _Asked | None:
 
 def is_held(module: nn.Module) -> bool:
     """Whether ``module`` is held in eval mode by :func:`freeze`."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"is_held takes an nn.Module, got a `{type(module).__name__}`")
     return isinstance(module.__dict__.get("train"), _HeldInEval)
 
 
@@ -298,6 +300,11 @@ def release(module: nn.Module, mode: bool = True) -> None:
             "release takes the module itself, not its row cache: the cache holds it frozen "
             "while it caches, and calling it trains nothing. Release the module and call "
             "it to train it: `somatize.torch.release(cached.module)`"
+        )
+    if not isinstance(mode, bool):
+        raise TypeError(
+            f"release(module, mode) puts the module in train mode (True, the default) or eval "
+            f"mode (False), got {mode!r}; the module is still held as it was"
         )
     if is_held(module):
         _released[module] = StateWatch(module)

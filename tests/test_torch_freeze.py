@@ -3450,3 +3450,37 @@ def test_a_module_node_writing_into_its_own_buffer_keeps_no_answer(store: Store)
             answers.append((g.forward(Opaque(x), store=store, watching=facts.append), reference(x)))
         assert [f["fact"] for f in facts if f.get("node") == "sum"] == ["ran"] * 3
     assert all(torch.equal(got, wanted) for got, wanted in answers)
+
+
+def test_the_torch_helpers_name_the_argument_they_were_handed_wrong() -> None:
+    """digest_tensor, digest_rows, digest_named, digest_state and is_held handed what is
+    not a tensor, a mapping or a module say what they take, where they failed deep inside
+    with an AttributeError (`'list' object has no attribute 'is_nested'`)."""
+    with pytest.raises(TypeError, match=r"digested from a torch.Tensor, got a `list`"):
+        smt.digest_tensor([1.0, 2.0])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"digested from a torch.Tensor, got a `ndarray`"):
+        smt.digest_rows(np.zeros((2, 3)))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"digest_named takes a mapping of names to tensors"):
+        smt.digest_named([torch.zeros(2)])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"digest_state takes an nn.Module.*digest_named"):
+        smt.digest_state(nn.Linear(2, 2).state_dict())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"is_held takes an nn.Module, got a `str`"):
+        smt.is_held("encoder")  # type: ignore[arg-type]
+    assert smt.digest_rows(torch.zeros(2, 3))[0] == smt.digest_tensor(torch.zeros(3))
+
+
+def test_release_refuses_a_mode_that_is_no_bool_and_keeps_the_hold() -> None:
+    """release(module, "no") is refused before anything is undone: it let go of the
+    module's hold on eval and only then failed in torch's `train()`, leaving a frozen
+    module released with an error that named no argument."""
+    model = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+    g = Graph.somatize(smt.ModuleNode(model).named("enc").frozen())
+    smt.freeze(g)
+    assert smt.is_held(model)
+    with pytest.raises(TypeError, match=r"release\(module, mode\) puts the module in train"):
+        smt.release(model, "no")  # type: ignore[arg-type]
+    assert smt.is_held(model)
+    model.train()
+    assert not model.training
+    smt.release(model, False)
+    assert not smt.is_held(model) and not model.training
