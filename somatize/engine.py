@@ -448,6 +448,11 @@ def run(
 ) -> Any:
     """One forward of ``graph`` on ``x``; see the module docstring."""
     start = time.perf_counter_ns()
+    if not isinstance(strict, bool):
+        raise TypeError(
+            f"strict= is True (recompute what another version of the code kept) or False "
+            f"(recall it and warn), got {_describe(strict)}"
+        )
     state = _Run(graph, store, watching, broker, strict)
     try:
         wanted = state.wanted = _wanted(graph, outputs, watching, broker)

@@ -391,6 +391,16 @@ def test_a_column_name_written_twice_is_refused_as_ambiguous(tmp_path: Path, sto
         ParquetDir(tmp_path / "d").forward({"at": 0, "take": 2}, ctx())
 
 
+def test_a_parquet_dir_named_by_no_path_says_what_it_takes(store: Store) -> None:
+    """ParquetDir handed a store (meant for `Parquet(store, name)`) or None says it takes a
+    directory's path, and points a store to `Parquet`, not pathlib's `expected str, bytes or
+    os.PathLike object`."""
+    with pytest.raises(TypeError, match=r"named by a str or an os.PathLike.*`Parquet\(store"):
+        ParquetDir(store)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"named by a str or an os.PathLike, got a `NoneType`$"):
+        ParquetDir(None)  # type: ignore[arg-type]
+
+
 def test_no_columns_still_counts_the_rows_across_row_groups_and_files(
     tmp_path: Path, store: Store
 ) -> None:

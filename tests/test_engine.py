@@ -483,6 +483,18 @@ def test_answer_with_no_codec_is_refused(store: Store) -> None:
     assert g.record.outcome == {"weird": "failed"}
 
 
+def test_a_strict_that_is_no_bool_is_refused_before_anything_runs(store: Store) -> None:
+    """``strict="no"`` (or ``"false"``, from a config file) was taken as true, and a
+    forward recomputed what it should have recalled; it is refused saying what it takes,
+    before any node runs."""
+    scale = Scale()
+    g = Graph.somatize(scale.named("scale").frozen().cached())
+    with pytest.raises(TypeError, match=r"strict= is True .* or False .* got a `str`"):
+        g.forward([1.0], store=store, strict="no")  # type: ignore[arg-type]
+    assert scale.calls == 0
+    assert g.forward([1.0], store=store, strict=False) == g.forward([1.0], store=store)
+
+
 def test_what_watches_and_what_brokers_are_checked_before_anything_runs(store: Store) -> None:
     """``watching=`` that is no function (or an ``async def`` one, which would make
     coroutines nothing awaits) and ``broker=`` that is no broker are refused saying what

@@ -260,6 +260,15 @@ def test_a_bucket_url_holding_a_nul_is_refused(url: str, tmp_path: Path) -> None
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_bucket_opened_at_no_str_says_what_it_takes(tmp_path: Path) -> None:
+    """``Store.on_bucket(None)`` (a URL read from an unset setting) is a TypeError saying it
+    takes the URL as a str, not an AttributeError from inside (`'NoneType' object has no
+    attribute 'split'`)."""
+    for url in (None, tmp_path):
+        with pytest.raises(TypeError, match=r"opened at its URL, a str .*`Store\(path\)`"):
+            Store.on_bucket(url)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("opened", "match"),
     [

@@ -653,9 +653,12 @@ def test_a_buffer_that_hands_over_no_bytes_is_refused_saying_what_to_pass(
 
 def test_have_of_one_key_not_in_a_list_says_so(home: Store) -> None:
     """have() takes keys; a single key string passed bare is a TypeError saying to wrap
-    it, not a complaint about its characters."""
+    it, not a complaint about its characters, and None one saying what it takes, not
+    Python's `'NoneType' object is not iterable`."""
     with pytest.raises(TypeError, match=r"have\(\[key\]\)"):
         home.have(KEY)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"have\(\) takes an iterable of keys .*`NoneType`"):
+        home.have(None)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("count", [1, 40])

@@ -59,6 +59,7 @@ from somatize.data.coordinate import span_of
 from somatize.data.errors import DataError
 from somatize.data.frame import Frame
 from somatize.node import Context
+from somatize.store import Store
 from somatize.store._local_files import NotAFile, _open_regular, open_file
 
 __all__ = ["DatasetChanged", "ParquetDir"]
@@ -464,6 +465,16 @@ class ParquetDir(_Versioned):
     an identity of its own."""
 
     def __init__(self, path: str | os.PathLike[str], columns: Sequence[str] | None = None) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(
+                f"ParquetDir(path) reads a directory of `.parquet` files named by a str or an "
+                f"os.PathLike, got a `{type(path).__name__}`"
+                + (
+                    "; for a dataset bound to a name in a store, use `Parquet(store, name)`"
+                    if isinstance(path, Store)
+                    else ""
+                )
+            )
         root = Path(path).expanduser()
         if not root.exists():
             taken = "" if root.is_absolute() else f", taken from {os.getcwd()!r},"

@@ -305,6 +305,10 @@ def keys_of(keys: Iterable[str]) -> Sequence[str]:
             f"have() takes an iterable of keys, got the single key {keys[:20]!r}…; wrap it in "
             "a list: have([key])"
         )
+    if not isinstance(keys, Iterable):
+        raise TypeError(
+            f"have() takes an iterable of keys (a list: have([key])), got a `{type(keys).__name__}`"
+        )
     return list(keys)
 
 

@@ -524,7 +524,12 @@ class BucketStore(BucketShelf):
             raise StoreError(
                 "a bucket store needs fsspec (and s3fs for s3://): pip install 'somatize[s3]'"
             ) from None
-        if isinstance(url, str) and "://" not in url:
+        if not isinstance(url, str):
+            raise TypeError(
+                f"a bucket is opened at its URL, a str such as `s3://bucket/prefix`, got a "
+                f"`{type(url).__name__}`; for a directory use `Store(path)`"
+            )
+        if "://" not in url:
             raise BadAddress(
                 f"a bucket is opened at a URL with its protocol, as `s3://bucket/prefix`, and "
                 f"{url!r} has no `://`: fsspec would take it as a path on this machine, "
