@@ -394,7 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     verify.add_argument("--quarantine", action="store_true", help="move what is damaged aside")
     show = commands.add_parser("show", parents=[common], help="what is kept under a key or name")
     show.add_argument("key", help="an answer key, a pack id, a blob digest, or a name")
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        return _refuse_extra(args.command, extra)
     out = sys.stdout
     if out is None:  # started with its output closed (`>&-`): nothing could be said
         print(
@@ -421,6 +423,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (SomatizeError, ValueError, OSError) as why:  # OSError: a file it may not read
         print(f"somatize store {args.command}: {_printable(str(why))}", file=sys.stderr)
         return 2
+
+
+def _refuse_extra(command: str, extra: list[str]) -> int:
+    """Says what the command line had that ``command`` takes none of; one word that is no
+    option is most often the store, named as ``du`` would take it."""
+    said = f"somatize store {command}: unrecognized arguments: {' '.join(extra)}"
+    if len(extra) == 1 and not extra[0].startswith("-"):
+        said += (
+            f"; a store is named with --store (or $SOMATIZE_STORE): `somatize store {command} "
+            f"--store {extra[0]}`"
+        )
+    print(_printable(said), file=sys.stderr)
+    return 2
 
 
 def _stop_writing(out: Any) -> None:

@@ -152,6 +152,22 @@ def test_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 
 @pytest.mark.parametrize("command", [["ls"], ["du"], ["gc"], ["verify"], ["show", "sms/train"]])
+def test_a_store_named_without_store_says_to_name_it_so(
+    tmp_path: Path, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store named as a word after the command (`somatize store ls features`), as `du`
+    takes a directory, exits 2 saying to name it with --store, where argparse's usage line
+    said only that the word was not recognized; a stray option is named alone."""
+    where = str(_store(tmp_path).root)
+    assert main(["store", *command, where]) == 2
+    said = capsys.readouterr().err
+    assert f"unrecognized arguments: {where}; a store is named with --store" in said, said
+    assert f"`somatize store {command[0]} --store {where}`" in said, said
+    assert main(["store", *command, "--bogus", "--store", where]) == 2
+    assert capsys.readouterr().err.endswith("unrecognized arguments: --bogus\n")
+
+
+@pytest.mark.parametrize("command", [["ls"], ["du"], ["gc"], ["verify"], ["show", "sms/train"]])
 def test_a_path_that_is_no_store_exits_2_and_creates_nothing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
 ) -> None:
