@@ -23,7 +23,7 @@ own.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
 from lightning.pytorch.utilities import CombinedLoader
@@ -47,7 +47,9 @@ __all__ = [
 def module_names(modules: Sequence[str] | str) -> list[str]:
     """The dotted names of the submodules to cache, ``modules`` given as one or a list,
     each a submodule of its own (none inside another, none twice)."""
-    names = [modules] if isinstance(modules, str) else list(modules)
+    names = [modules] if isinstance(modules, str) else None
+    if names is None and isinstance(modules, Iterable):
+        names = list(modules)
     if not names or not all(isinstance(n, str) and n for n in names):
         raise CacheFrozenError(
             "modules= names the submodules to cache, by their dotted names in the "

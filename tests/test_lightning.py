@@ -2375,13 +2375,17 @@ def test_torchscript_submodule_is_refused(tmp_path: Path, name: str) -> None:
 
 
 def test_bad_names_are_refused() -> None:
-    """Nested, repeated or empty module names are refused when the callback is made."""
+    """Nested, repeated or empty module names, and no names at all, are refused when the
+    callback is made."""
     with pytest.raises(CacheFrozenError, match=r"`encoder\.conv` is inside `encoder`"):
         CacheFrozen(None, ["encoder", "encoder.conv"])
     with pytest.raises(CacheFrozenError, match="names a submodule twice"):
         CacheFrozen(None, ["encoder", "encoder"])
     with pytest.raises(CacheFrozenError, match="dotted names"):
         CacheFrozen(None, [])
+    for none in (None, 3):  # no list at all: not Python's "object is not iterable"
+        with pytest.raises(CacheFrozenError, match=rf"dotted names .*got {none}"):
+            CacheFrozen(None, none)  # type: ignore[arg-type]
     with pytest.raises(CacheFrozenError, match="prefill needs to be told which"):
         CacheFrozen(None, ["encoder", "head"]).prefill([])
 
