@@ -654,11 +654,18 @@ def test_a_buffer_that_hands_over_no_bytes_is_refused_saying_what_to_pass(
 def test_have_of_one_key_not_in_a_list_says_so(home: Store) -> None:
     """have() takes keys; a single key string passed bare is a TypeError saying to wrap
     it, not a complaint about its characters, and None one saying what it takes, not
-    Python's `'NoneType' object is not iterable`."""
+    Python's `'NoneType' object is not iterable`; so does recall_many, which took each
+    character of a key for a key and answered a BadName for each."""
     with pytest.raises(TypeError, match=r"have\(\[key\]\)"):
         home.have(KEY)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"have\(\) takes an iterable of keys .*`NoneType`"):
         home.have(None)  # type: ignore[arg-type]
+    home.keep(KEY, b"answer", "plain")
+    with pytest.raises(TypeError, match=r"recall_many\(\[key\]\)"):
+        home.recall_many(KEY)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"recall_many\(\) takes an iterable .*`NoneType`"):
+        home.recall_many(None)  # type: ignore[arg-type]
+    assert bytes(home.recall_many([KEY])[KEY][1]) == b"answer"  # type: ignore[index]
 
 
 @pytest.mark.parametrize("count", [1, 40])
@@ -1285,6 +1292,15 @@ def test_verify_and_gc(home: Store) -> None:
     fresh = reopen(home)
     assert fresh.have([KEY]) == set()
     assert bytes(fresh.get(fresh.resolve("sms/train"))) == b"dataset"
+
+
+def test_verify_refuses_a_quarantine_that_is_no_bool(home: Store) -> None:
+    """verify(quarantine="no") was taken as true, and would move what is damaged aside; a
+    quarantine= that is no bool is refused before anything is read or moved."""
+    home.keep(KEY, b"answer", "plain")
+    with pytest.raises(TypeError, match=r"quarantine= is True or False, got 'no'"):
+        home.verify(quarantine="no")  # type: ignore[arg-type]
+    assert home.verify().ok
 
 
 def test_gc_within_the_grace_counts_the_blobs_it_leaves_as_kept(home: Store) -> None:

@@ -77,6 +77,7 @@ from somatize.store.base import (
     StoreFull,
     check_digest,
     check_labels,
+    keys_of,
     unmarked,
 )
 from somatize.store.records import (
@@ -1063,6 +1064,7 @@ class PackedHome(Spills, Store):
         self, keys: Sequence[str], *, borrow: bool = False
     ) -> dict[str, tuple[Answer, memoryview] | Exception]:
         """Reads each pack's blob once for all the items asked of it."""
+        keys = keys_of(keys, "recall_many")
         out: dict[str, tuple[Answer, memoryview] | Exception] = {}
         # Each pack as it was found: another thread (a gc) may drop it from the table meanwhile.
         by_pack: dict[str, tuple[PackIndex, list[str]]] = {}

@@ -295,19 +295,21 @@ def check_name(name: str) -> str:
     return name
 
 
-def keys_of(keys: Iterable[str]) -> Sequence[str]:
+def keys_of(keys: Iterable[str], method: str = "have") -> Sequence[str]:
     """``keys`` as a sequence (itself when it is a list or a tuple); TypeError for a single
-    key passed bare (a str is iterable, and its characters are no keys)."""
+    key passed bare (a str is iterable, and its characters are no keys) and for no iterable,
+    naming ``method``, the store's method they were handed to."""
     if type(keys) is list or type(keys) is tuple:
         return keys
     if isinstance(keys, str):
         raise TypeError(
-            f"have() takes an iterable of keys, got the single key {keys[:20]!r}…; wrap it in "
-            "a list: have([key])"
+            f"{method}() takes an iterable of keys, got the single key {keys[:20]!r}…; wrap "
+            f"it in a list: {method}([key])"
         )
     if not isinstance(keys, Iterable):
         raise TypeError(
-            f"have() takes an iterable of keys (a list: have([key])), got a `{type(keys).__name__}`"
+            f"{method}() takes an iterable of keys (a list: {method}([key])), got a "
+            f"`{type(keys).__name__}`"
         )
     return list(keys)
 
@@ -688,7 +690,7 @@ class Store(abc.ABC):
         nothing it is handed: the bytes may then be memory other reads share (a pack's
         mapping kept between reads, which the next batch's rows do not map again)."""
         out: dict[str, tuple[Answer, memoryview] | Exception] = {}
-        for key in keys:
+        for key in keys_of(keys, "recall_many"):
             try:
                 out[key] = self.recall(key)
             except StoreError as why:
