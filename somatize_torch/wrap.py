@@ -956,6 +956,12 @@ def wrap(
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"wrap takes an nn.Module, got a `{type(model).__name__}`")
+    if isinstance(model, Wrapped):
+        raise WrapError(
+            f"this `{type(model.model).__name__}` is wrapped already (made by "
+            "`somatize.torch.wrap`): wrap the model inside once, declaring every submodule "
+            "there, `wrap(model, frozen=[...], cached=[...])`"
+        )
     # Before any name is looked up: a TorchScript module's parts are found by no `get`.
     refuse_scripted(type(model).__name__, model, WrapError)
     frozen_names = _names(frozen, model, "frozen")

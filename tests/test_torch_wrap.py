@@ -955,6 +955,21 @@ def test_wrapping_a_single_module_needs_no_tracing(store: Store) -> None:
     assert wrapped.counts["untraceable"]["recalled"] == 1
 
 
+def test_a_wrapped_model_wrapped_again_says_to_wrap_the_model_once(store: Store) -> None:
+    """wrap of what wrap made was refused as a module whose `forward` some library had
+    replaced (mixed precision, by hand), which named neither what was wrong nor what to
+    do; it says the model is wrapped already, to declare every submodule in one wrap, and
+    the first wrap still answers."""
+    model = _model()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
+    smt.freeze(wrapped)
+    for frozen in (["encoder"], ["head"], True):
+        with pytest.raises(smt.WrapError, match=r"this `Model` is wrapped already .*once"):
+            smt.wrap(wrapped, frozen=frozen)
+    x = torch.randn(3, 6)
+    assert torch.allclose(wrapped(x), model(x))
+
+
 def test_declarations_are_checked() -> None:
     """Unknown names, cached-but-not-frozen, nesting and uncalled submodules are refused."""
     with pytest.raises(smt.UnknownSubmodule, match="`encodr` in frozen= is not a submodule"):
