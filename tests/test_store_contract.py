@@ -26,6 +26,7 @@ import pytest
 
 from somatize import Answer, BadName, Corrupt, Missing, NameNotFound, Store
 from somatize.store import BucketStore, JoinedWrite, LocalStore, records
+from somatize.store.base import StoreFull
 from tests.conftest_s3 import s3_options, s3_url
 
 Factory = Callable[[Path], Store]
@@ -520,6 +521,39 @@ def test_a_generator_that_raises_as_it_streams_leaves_nothing_in_a_local_store(
         store.keep(KEY, chunks(), "plain")
     assert os.listdir(tmp_path / "store" / "tmp") == []
     assert [p for p in (tmp_path / "store" / "blobs").rglob("*") if p.is_file()] == []
+    assert store.answer(KEY) is None
+
+
+def test_an_os_error_of_a_streaming_generator_is_raised_as_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An OSError a generator raises after handing a local store more than a MiB (the file
+    it reads is unreadable or gone) reaches the caller as it was raised, not as the store's
+    failed write ('the store is read-only'); a write of the store that fails is still told
+    as one, and neither leaves anything in `tmp/`."""
+    store = Store(tmp_path / "store")
+
+    def chunks(why: OSError) -> Iterator[bytes]:
+        yield b"a" * (1 << 20)
+        yield b"b" * (1 << 20)
+        raise why
+
+    denied = PermissionError(13, "Permission denied", "/data/input.bin")
+    with pytest.raises(PermissionError) as raised:
+        store.put(chunks(denied))
+    assert raised.value is denied
+    with pytest.raises(FileNotFoundError, match=r"input\.bin"):
+        store.keep(KEY, chunks(FileNotFoundError(2, "No such file", "/data/input.bin")), "plain")
+    with pytest.raises(PermissionError) as raised:
+        store.keep_many(((k, chunks(denied)) for k in [KEY]), "plain")  # type: ignore[misc]
+    assert raised.value is denied
+    assert os.listdir(tmp_path / "store" / "tmp") == []
+    if not os.path.exists("/dev/full"):
+        return
+    monkeypatch.setattr(store, "_created", lambda temporary: open("/dev/full", "wb"))  # noqa: SIM115
+    with pytest.raises(StoreFull, match="no space left"):
+        store.put(chunks(denied))
+    assert os.listdir(tmp_path / "store" / "tmp") == []
     assert store.answer(KEY) is None
 
 

@@ -531,6 +531,17 @@ class LocalFiles(PackedHome):
         if rest is None:
             return self._put_listed(taken, claims), size
         hasher = new_hasher()
+        raised: list[BaseException] = []
+
+        def handed() -> Iterator[Buffer]:
+            """The rest of ``pieces``; what the iterator raises is noted as its own: an
+            OSError of its source (a file it reads) is no failed write of the store."""
+            try:
+                yield from rest
+            except Exception as why:
+                raised.append(why)
+                raise
+
         with self._in_tmp(".part") as name:
             temporary = self._tmp + name
             try:
@@ -539,7 +550,7 @@ class LocalFiles(PackedHome):
                         hasher.update(run)
                         out.write(run)
                     taken.clear()  # held no longer than it is written
-                    for piece in rest:  # copied, where it may change, a MiB at a time
+                    for piece in handed():  # copied, where it may change, a MiB at a time
                         for run in steady_runs((piece,), FROZEN_RUN):
                             hasher.update(run)
                             out.write(run)
@@ -550,7 +561,7 @@ class LocalFiles(PackedHome):
             except BaseException as why:  # the iterator raised, or the write failed or stopped
                 with contextlib.suppress(OSError):
                     os.unlink(temporary)
-                if isinstance(why, OSError) and not isinstance(why, StoreError):
+                if isinstance(why, OSError) and not isinstance(why, StoreError) and not raised:
                     raise self._unwritten(temporary, None, why) from why
                 raise
             self._place_written(temporary, "blake3:" + hasher.hexdigest(), size, claims)
