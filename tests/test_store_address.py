@@ -596,3 +596,15 @@ def test_a_file_url_whose_path_holds_a_double_colon_is_refused(tmp_path: Path, n
     with pytest.raises(BadAddress, match=r"holds `::`.*as a local store"):
         Store(f"file://{tmp_path}/{name}")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("url", ["file://{}/a%00b", "simplecache::file://{}/a%00b"])
+def test_a_file_url_whose_escapes_decode_to_nul_is_refused(tmp_path: Path, url: str) -> None:
+    """A `file://` path whose escapes decode to a NUL character (`%00`), which no folder's
+    name can hold, is refused as a bad address (not the OS's ValueError), and
+    nothing is made."""
+    with pytest.raises(BadAddress, match="NUL character"):
+        Store(url.format(tmp_path))
+    with pytest.raises(BadAddress, match="NUL character"):
+        Store.on_bucket(url.format(tmp_path))
+    assert list(tmp_path.iterdir()) == []

@@ -358,6 +358,11 @@ def _anchored(url: str) -> str:
                 "holds `::` as a local store, `Store('/data/a::b')`; a file:// layer is the "
                 "last of a chained URL"
             )
+        if "\x00" in named:  # an escape, `%00`, decoded: no file's name holds it
+            raise BadAddress(
+                f"{url!r} names a path on this machine holding a NUL character (`%00`), which "
+                "no file or folder name can hold: name the folder without it"
+            )
         anchored = make_path_posix(named)
         if not os.path.isabs(anchored):  # `~user` of no user this system knows
             raise no_home(url, path)
