@@ -608,3 +608,23 @@ def test_a_file_url_whose_escapes_decode_to_nul_is_refused(tmp_path: Path, url: 
     with pytest.raises(BadAddress, match="NUL character"):
         Store.on_bucket(url.format(tmp_path))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_store_kept_under_a_file_url_s_escapes_as_written_is_not_left_for_an_empty_one(
+    tmp_path: Path,
+) -> None:
+    """A store kept in the folder a `file://` URL's escapes name as written (`my%20store`,
+    made before such a path was decoded) is not silently left for an empty store in the
+    folder they decode to: the URL is refused, saying how to reach it, nothing is made, and
+    the URL that writes its `%` as `%25` reaches it."""
+    kept = LocalStore(tmp_path / "my%20store")
+    key = "blake3:" + "ab" * 32
+    kept.keep(key, b"kept before", "plain")
+    url = f"file://{tmp_path}/my%20store"
+    with pytest.raises(BadAddress, match=r"my%20store.*write each `%` of its name as `%25`"):
+        Store(url)
+    with pytest.raises(BadAddress, match="decoded"):
+        Store.on_bucket(url)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["my%20store"]
+    again = Store.on_bucket(f"file://{tmp_path}/my%2520store")
+    assert bytes(again.recall(key)[1]) == b"kept before"

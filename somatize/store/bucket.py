@@ -366,11 +366,28 @@ def _anchored(url: str) -> str:
         anchored = make_path_posix(named)
         if not os.path.isabs(anchored):  # `~user` of no user this system knows
             raise no_home(url, path)
+        if named != path:
+            _not_kept_as_written(url, anchored, make_path_posix(path))
         if protocol is None:
             layers[at] = anchored
         else:
             layers[at] = f"{protocol}://{Path(anchored).as_uri().removeprefix('file://')}"
     return "::".join(layers)
+
+
+def _not_kept_as_written(url: str, decoded: str, written: str) -> None:
+    """Refuses ``url`` where the folder its escapes decode to (``decoded``) is not there
+    while the one its escapes, taken as they are written, name (``written``) is: a store
+    kept there before a ``file://`` path was decoded would be left for an empty one."""
+    if os.path.lexists(decoded) or not os.path.lexists(written):
+        return
+    raise BadAddress(
+        f"{url!r} names {decoded!r} (its percent escapes decoded, as a URL means them), "
+        f"which is not there, while {written!r}, which its escapes name taken as written, "
+        "is (a store kept there before file:// paths were decoded would be left for an "
+        f"empty one). Open that one as a local store, `Store({written!r})`, or write each "
+        "`%` of its name as `%25` in the URL; or rename the folder to the name decoded"
+    )
 
 
 def _for_fsspec(url: str) -> str:
