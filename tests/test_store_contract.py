@@ -585,6 +585,36 @@ def test_small_items_of_a_generator_are_kept_a_pack_at_a_time(
     assert [bytes(got[key][1]) for key in keys] == [bytes([i]) * (1 << 10) for i in range(40)]
 
 
+@pytest.mark.parametrize("fails", ["bad key", "generator", "pieces"])
+def test_items_a_generator_handed_before_it_failed_are_kept(home: Store, fails: str) -> None:
+    """keep_many handed a generator keeps the items it handed before a key that is no
+    digest, or before it (or an item's own pieces) raised, as its docs say: those held for a
+    pack were dropped, while an item of a MiB or more before them was kept. The failure is
+    raised as it was."""
+    keys = [f"blake3:{i:064x}" for i in range(4)]
+
+    def pieces() -> Iterator[bytes]:
+        yield b"p" * (1 << 20)
+        raise RuntimeError("the file was cut short")
+
+    def items() -> Iterator[tuple[str, Any]]:
+        yield keys[0], b"a" * (2 << 20)  # kept on its own
+        for key in keys[1:]:
+            yield key, bytearray(key[-1].encode()) * 100
+        if fails == "bad key":
+            yield "not a digest", b"x"
+        elif fails == "pieces":
+            yield "blake3:" + "ef" * 32, pieces()
+        raise RuntimeError("the file was cut short")
+
+    with pytest.raises(BadName if fails == "bad key" else RuntimeError):
+        home.keep_many(items(), "plain")  # type: ignore[arg-type]
+    fresh = reopen(home)
+    assert fresh.have(keys) == set(keys)
+    assert [bytes(fresh.recall(key)[1]) for key in keys[1:]] == [b"1" * 100, b"2" * 100, b"3" * 100]
+    assert fresh.answer("blake3:" + "ef" * 32) is None
+
+
 @pytest.mark.parametrize("kind", ["local", "file", "file-cached"])
 def test_a_generator_of_many_large_items_holds_one_file_open(tmp_path: Path, kind: str) -> None:
     """keep_many handed a generator of items of more than a MiB each holds what it streams

@@ -881,28 +881,34 @@ class PackedHome(Spills, Store):
     ) -> list[Answer]:
         """:meth:`keep_many` of items an iterable other than a list or tuple hands over (a
         generator, which may fill one buffer again for each), each taken as it holds then:
-        small ones are held until they fill a pack (:data:`PACK_BYTES`), which is kept before
-        the next is asked for, so what is held stays bounded however many there are; one of
+        small ones are held until the next would overflow a pack (:data:`PACK_BYTES`), which
+        is then kept before another is asked for, so what is held stays bounded; one of
         :data:`PACK_ITEM_BELOW` or more is kept on its own as it is handed over, its bytes
         streamed as a put streams them. Each key is checked as its item comes: the items
-        before a key that is no digest, or before the iterable raises, are kept."""
+        before a key that is no digest, or before the iterable (or an item's pieces)
+        raises, are kept, those held for a pack too."""
         keys: list[str] = []
         out: dict[str, Answer] = {}
         small: list[tuple[str, Sequence[Buffer]]] = []
         held = 0
-        for key, data in items:
-            check_digest(key)
-            keys.append(key)
-            taken, size, rest = taken_below(iter(flat_pieces(data)), PACK_ITEM_BELOW)
-            if rest is not None:  # kept on its own, the rest of its pieces streamed
-                streamed = itertools.chain(taken, rest)  # an iterable of pieces, as put takes
-                out[key] = self.keep(key, cast(Sequence[Buffer], streamed), codec, fingerprint)
-                continue
-            if small and held + size > records.PACK_BYTES:  # as keep_packed reads it
-                out.update(_by_key(keep_packed(self, small, codec, fingerprint)))
-                small, held = [], 0
-            small.append((key, taken))
-            held += size
+        try:
+            for key, data in items:
+                check_digest(key)
+                keys.append(key)
+                taken, size, rest = taken_below(iter(flat_pieces(data)), PACK_ITEM_BELOW)
+                if rest is not None:  # kept on its own, the rest of its pieces streamed
+                    streamed = itertools.chain(taken, rest)  # an iterable of pieces, as put takes
+                    out[key] = self.keep(key, cast(Sequence[Buffer], streamed), codec, fingerprint)
+                    continue
+                if small and held + size > records.PACK_BYTES:  # as keep_packed reads it
+                    pack, small, held = small, [], 0
+                    out.update(_by_key(keep_packed(self, pack, codec, fingerprint)))
+                small.append((key, taken))
+                held += size
+        except Exception:  # a key that is no digest, or the iterable or an item's pieces raised
+            if small:  # the items before it held for a pack are kept, as those kept already
+                keep_packed(self, small, codec, fingerprint)
+            raise
         if small:
             out.update(_by_key(keep_packed(self, small, codec, fingerprint)))
         return [out[key] for key in keys]
