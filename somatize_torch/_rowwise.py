@@ -36,7 +36,13 @@ from somatize_torch._row_keys import _floating_dtypes, _Keying, code_moved, give
 from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import DTYPES
-from somatize_torch.freeze import check_still, drew_as_it_ran, drew_at_random, generator_states
+from somatize_torch.freeze import (
+    check_still,
+    drew_as_it_ran,
+    drew_at_random,
+    generator_states,
+    part_tables,
+)
 
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
@@ -66,7 +72,8 @@ def _compute(
     # Taken before the forward, which may write into its input.
     ends = sub[:: len(positions) - 1].clone() if not keying.rowwise and len(positions) > 1 else None
     alike = ends is not None and _copies_of_one(sub)
-    generators = generator_states(module, sub)
+    tables = _listed(self)[2]  # the parts' tables, looked through for generators they hold
+    generators = generator_states(module, sub, tables)
     out: torch.Tensor = _answer(self, sub, ends, handed=sub is x)
     _check_answer(self, out, len(positions))
     # A draw from torch's generator (a VAE's encoder sampling its latents) would be
@@ -76,7 +83,7 @@ def _compute(
     # again or answered once (`_run`, `_recall_or_run`), whatever they drew.
     keyed = functools.partial(_still_keyed, self, watch)
     again = functools.partial(_answer, self)
-    if drew_as_it_ran(module, sub[:1], generators, again, keyed) and keyed():
+    if drew_as_it_ran(module, sub[:1], generators, again, keyed, tables) and keyed():
         raise RowsError(
             drew_at_random(
                 f"`{type(module).__name__}` is cached per row",
@@ -393,14 +400,30 @@ def _in_eval(self: CachedRows) -> bool:
     watch, which is made anew whenever a part is put in, taken out or replaced, so this
     reads one flag per part, from each part's table of attributes; a class of its own
     that keeps the flag elsewhere (a property) is asked."""
+    try:
+        return not any(map(_TRAINING, _listed(self)[1]))
+    except KeyError:
+        return not any(part.training for part in self.module.modules())
+
+
+def _listed(
+    self: CachedRows,
+) -> tuple[StateWatch | None, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The module's parts as listed under the state watch now: the table of attributes of
+    each part, and of what each stands for (:func:`~somatize_torch.freeze.part_tables`,
+    looked through for generators at each computed call). Listed anew with each watch,
+    which is made anew whenever a part is put in, taken out or replaced; the tables are the
+    parts' own, so an attribute set on a part since is read in them."""
     watch = self._watch
     parts = self._parts
     if parts is None or parts[0] is not watch:
-        parts = self._parts = (watch, [vars(part) for part in self.module.modules()])
-    try:
-        return not any(map(_TRAINING, parts[1]))
-    except KeyError:
-        return not any(part.training for part in self.module.modules())
+        module = self.module
+        parts = self._parts = (
+            watch,
+            [vars(part) for part in module.modules()],
+            part_tables(module),
+        )
+    return parts
 
 
 _TRAINING = operator.itemgetter("training")

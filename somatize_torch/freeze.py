@@ -1201,13 +1201,19 @@ def drew_at_random(who: str, recalled: str, drop: str) -> str:
     )
 
 
-def generator_states(module: nn.Module, args: Any) -> list[bytes]:
+def generator_states(
+    module: nn.Module, args: Any, tables: list[dict[str, Any]] | None = None
+) -> list[bytes]:
     """The states of the generators a call of ``module`` may draw from: each
     ``torch.Generator`` the module or a submodule holds as an attribute (or in a list,
     tuple or dict it holds), and torch's default ones: the host's, and each CUDA device's
-    that an argument or a tensor of the module is on (CUDA is not initialised for this)."""
+    that an argument or a tensor of the module is on (CUDA is not initialised for this).
+    ``tables``: the tables of attributes of the module's parts, as each stands for
+    (:func:`part_tables`), where the caller keeps them listed for the parts the module
+    has now; they are listed here otherwise."""
     states = [torch.random.get_rng_state().numpy().tobytes()]
-    states.extend(held.get_state().numpy().tobytes() for held in _held_generators(module))
+    held = _held_generators(part_tables(module) if tables is None else tables)
+    states.extend(generator.get_state().numpy().tobytes() for generator in held)
     if not torch.cuda.is_initialized():  # type: ignore[no-untyped-call]  # no CUDA draw
         return states
     tensors = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
@@ -1223,6 +1229,7 @@ def drew_as_it_ran(
     generators: list[bytes],
     again: Callable[[Any], object],
     still: Callable[[], bool],
+    tables: list[dict[str, Any]] | None = None,
 ) -> bool:
     """Whether a call of ``module`` on ``args`` (one row of them, where it is handed rows)
     drew from torch's generator as it ran: the states of the generators it may draw from
@@ -1235,8 +1242,9 @@ def drew_as_it_ran(
     draw of the call's own thread is the module's. A call that changed what the module
     keeps (``still`` says no: a cache of keys it appends to), which running it again
     would change once more, or one that cannot be run again so (it raises), is taken to
-    have drawn: its draw cannot be told apart from another thread's."""
-    if generator_states(module, args) == generators:
+    have drawn: its draw cannot be told apart from another thread's. ``tables`` as
+    :func:`generator_states` takes them."""
+    if generator_states(module, args, tables) == generators:
         return False
     if not still():
         return True
@@ -1259,11 +1267,21 @@ of them a generator: passed over at once, as every part is looked through at eac
 computed call."""
 
 
-def _held_generators(module: nn.Module) -> Iterator[torch.Generator]:
-    """The ``torch.Generator`` objects ``module`` and its submodules hold as attributes,
-    directly or in a list, tuple or dict (``self.noise = torch.Generator()``)."""
-    for part in map(stood_for, module.modules()):
-        for name, value in vars(part).items():
+def part_tables(module: nn.Module) -> list[dict[str, Any]]:
+    """The table of attributes of each part of ``module`` (itself included), as the part
+    stands for (:func:`~somatize_torch._settings.stood_for`): what
+    :func:`generator_states` looks through. The tables themselves, not copies: an
+    attribute set on a part later is in its table, so a list of them holds for as long as
+    the module has the same parts, and a caller computing batch after batch lists them
+    once for those parts rather than walk the module twice a batch."""
+    return [vars(part) for part in map(stood_for, module.modules())]
+
+
+def _held_generators(tables: list[dict[str, Any]]) -> Iterator[torch.Generator]:
+    """The ``torch.Generator`` objects held in ``tables`` (:func:`part_tables`) as
+    attributes, directly or in a list, tuple or dict (``self.noise = torch.Generator()``)."""
+    for table in tables:
+        for name, value in table.items():
             if name in _MODULE_OWN or type(value) in _PLAIN:
                 continue
             if isinstance(value, dict):

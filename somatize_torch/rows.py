@@ -207,8 +207,11 @@ class CachedRows(nn.Module):
         self._identity = self._node._smz.identity
         self._watch: StateWatch | None = self._node._watch  # taken as `freeze` digested it
         # The tables of attributes of the module's parts as listed under that watch, whose
-        # training flags a forward looks at.
-        self._parts: tuple[StateWatch | None, list[dict[str, Any]]] | None = None
+        # training flags a forward looks at, and of what each part stands for, looked
+        # through for the generators they hold (`_rowwise._listed`).
+        self._parts: tuple[StateWatch | None, list[dict[str, Any]], list[dict[str, Any]]] | None = (
+            None
+        )
         # The module's floating dtypes (by how many elements each holds), for the watch.
         self._floats: tuple[StateWatch | None, dict[torch.dtype, int]] = (None, {})
         self._keyings: dict[

@@ -3261,6 +3261,40 @@ def test_a_module_that_draws_at_random_is_refused(store: Store, rows: int, sprea
     cached.close()
 
 
+class DrawsOnceGiven(nn.Module):
+    """Adds noise drawn from a generator that a part of it is given after it is made, in a
+    tuple beside the plain sizes such a part keeps: none until then."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Linear(4, 3), nn.ReLU())
+        self.noise: tuple[Any, ...] = (3, 1.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.inner(x)
+        held = self.inner[1].__dict__.get("draws")
+        if held is not None:
+            out = out + torch.randn(out.shape, generator=held[-1])
+        return out
+
+
+def test_a_generator_given_to_a_part_after_rows_were_computed_is_seen(store: Store) -> None:
+    """The parts a computed batch looks through for generators they hold are listed once
+    for the parts the module has, and their attributes read anew at each computed batch:
+    a generator a part is given after rows were computed (in a tuple beside plain values,
+    as a part keeps its sizes), drawn from, is seen as it is at the first call, and the
+    batch is refused with nothing of it kept."""
+    module = DrawsOnceGiven()
+    cached = cache_rows(module, store)
+    first = torch.randn(4, 4)
+    assert torch.allclose(cached(first), expected(module, first), atol=1e-6)
+    module.inner[1].draws = (2, "plain", torch.Generator().manual_seed(0))
+    with pytest.raises(RowsError, match="drew from torch's random number generator"):
+        cached(torch.randn(4, 4))
+    assert cached.tiers[0].rows == 4  # the first batch's alone
+    cached.close()
+
+
 @pytest.mark.parametrize("beside", [DrawnBeside, AttendsBeside])
 def test_a_module_run_while_another_thread_draws_is_cached(
     store: Store, beside: type[nn.Module]
