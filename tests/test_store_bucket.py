@@ -2035,3 +2035,151 @@ def test_a_client_that_cannot_be_made_from_its_settings_is_said_plainly(
     assert main(["store", "ls", "--store", url]) == 2
     err = capsys.readouterr().err
     assert said in err and len(err.strip().splitlines()) == 1
+
+
+def _old_to(collector: Store) -> None:
+    """Makes ``collector``'s gc take every blob in the bucket for one put an hour ago (its
+    machine's clock as if it ran an hour behind the server's), so a grace of seconds does
+    not spare a blob put a moment ago."""
+    collector._clock_ahead = lambda: -3600.0  # type: ignore[attr-defined]
+
+
+def _keep_held(
+    writer: Store, keeps: str, content: bytes
+) -> tuple[threading.Thread, threading.Event, list[BaseException]]:
+    """Starts a keep of ``content`` through ``writer`` (one answer, or two items packed)
+    and returns once it has put its blob and stopped before it publishes its record or
+    index: the thread, the event that lets it go on, and what it raised."""
+    found, go = threading.Event(), threading.Event()
+    raised: list[BaseException] = []
+    publishing = "_publish_record" if keeps == "keep" else "_publish_index"
+    publish = getattr(writer, publishing)
+
+    def held(*args: Any) -> None:
+        found.set()
+        assert go.wait(10)
+        publish(*args)
+
+    setattr(writer, publishing, held)
+
+    def keep() -> None:
+        try:
+            if keeps == "keep":
+                writer.keep(key_of("answer"), content, "plain")
+            else:
+                half = len(content) // 2
+                items = [(key_of("one"), content[:half]), (key_of("two"), content[half:])]
+                writer.keep_many(items, "plain")
+        except BaseException as why:
+            raised.append(why)
+
+    thread = threading.Thread(target=keep)
+    thread.start()
+    assert found.wait(10)
+    return thread, go, raised
+
+
+def _racing(url: str, content: bytes, looks_again: bool = True) -> tuple[Store, Store]:
+    """A writer and a collector of ``url``, where ``content`` was put by another and is
+    referred to by nothing; the collector takes it for old (:func:`_old_to`). A writer that
+    does not look again for a blob once it has published stands for one that does not know
+    to (an earlier somatize)."""
+    Store.on_bucket(url, **s3_options()).put(content)
+    writer, collector = Store.on_bucket(url, **s3_options()), Store.on_bucket(url, **s3_options())
+    if not looks_again:
+        writer._published = lambda claims: None  # type: ignore[attr-defined]
+    _old_to(collector)
+    return writer, collector
+
+
+def _go_on_after_the_delete(
+    collector: Store, thread: threading.Thread, go: threading.Event, stop: bool
+) -> None:
+    """Lets the keep ``thread`` stopped by :func:`_keep_held` publish once ``collector``'s gc
+    has deleted the blobs, before it reads the records again; with ``stop``, the gc then
+    stops there (as one killed)."""
+    removing = collector._rm  # type: ignore[attr-defined]
+
+    def rm(what: str, paths: list[str]) -> None:
+        removing(what, paths)
+        if what == "removing blobs":
+            go.set()
+            thread.join(10)
+            if stop:
+                raise KeyboardInterrupt
+
+    collector._rm = rm  # type: ignore[attr-defined]
+
+
+def _recalled(url: str, keeps: str, content: bytes) -> bytes:
+    """What a store opened afresh at ``url`` recalls of the answer ``_keep_held`` kept."""
+    fresh = Store.on_bucket(url, **s3_options())
+    keys = [key_of("answer")] if keeps == "keep" else [key_of("one"), key_of("two")]
+    return b"".join(bytes(fresh.recall(key)[1]) for key in keys)
+
+
+@pytest.mark.parametrize("keeps", ["keep", "keep_many"])
+def test_a_keep_whose_blob_a_gc_removed_after_its_put_found_it_puts_it_again(keeps: str) -> None:
+    """A keep whose put found its blob in the bucket (old, referred to by nothing) and so
+    did not upload it, while a gc in another process removed that blob and read the
+    records before the keep published its record or index, looks for the blob again once
+    it has published and uploads it: the answer is recalled, and verify finds it whole. The
+    record pointed at nothing (a miss, told as damage by verify)."""
+    url = s3_url()
+    content = b"an answer whose bytes were put long ago, referred to by nothing"
+    writer, collector = _racing(url, content)
+    thread, go, raised = _keep_held(writer, keeps, content)
+    assert collector.gc(max_bytes=0, grace=5).blobs == 1  # done before the keep publishes
+    go.set()
+    thread.join(10)
+    assert not raised
+    assert _recalled(url, keeps, content) == content
+    assert Store.on_bucket(url, **s3_options()).verify().ok
+
+
+@pytest.mark.parametrize("keeps", ["keep", "keep_many"])
+def test_a_gc_puts_back_a_blob_a_record_published_after_its_delete_refers_to(keeps: str) -> None:
+    """A record or index published between a gc's delete of its blob and the gc's second
+    read of the records (by a writer whose put found the blob and did not upload it, and
+    that does not look for it again) has its blob put back by that gc from the copy it set
+    aside: the answer is recalled, the copy is gone, and the gc says it removed nothing."""
+    url = s3_url()
+    content = b"an answer whose bytes were put long ago, referred to by nothing"
+    writer, collector = _racing(url, content, looks_again=False)
+    thread, go, raised = _keep_held(writer, keeps, content)
+    _go_on_after_the_delete(collector, thread, go, stop=False)
+    assert collector.gc(max_bytes=0, grace=5).blobs == 0
+    assert not raised
+    assert _recalled(url, keeps, content) == content
+    assert not [path for path in objects(collector) if "/tmp/" in path]
+
+
+def test_a_gc_stopped_before_it_put_a_blob_back_leaves_a_copy_the_next_gc_puts_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A gc stopped (killed, failing) between its delete of a blob and its second read of
+    the records leaves the copy it set aside in tmp/aside/: a record published meanwhile is
+    a miss until the next gc, which puts the blob back from that copy, and the answer is
+    recalled again. The copy is kept (it may be a gc's still running) until it is a day
+    old, when a gc removes it."""
+    url = s3_url()
+    content = b"an answer whose bytes were put long ago, referred to by nothing"
+    writer, collector = _racing(url, content, looks_again=False)
+    thread, go, raised = _keep_held(writer, "keep", content)
+    _go_on_after_the_delete(collector, thread, go, stop=True)
+    with pytest.raises(KeyboardInterrupt):
+        collector.gc(max_bytes=0, grace=5)
+    assert not raised
+    assert [path for path in objects(collector) if "/tmp/aside/" in path]
+    with pytest.raises(Missing):
+        _recalled(url, "keep", content)
+    assert Store.on_bucket(url, **s3_options()).gc(grace=5).blobs == 0
+    assert _recalled(url, "keep", content) == content
+    assert Store.on_bucket(url, **s3_options()).verify().ok
+    copies = [path for path in objects(collector) if "/tmp/aside/" in path]
+    assert len(copies) == 1
+    monkeypatch.setattr("somatize.store._bucket_upkeep._ASIDE_GRACE", -1.0)
+    done = Store.on_bucket(url, **s3_options()).gc(grace=5)
+    assert (done.blobs, done.abandoned) == (0, 1)
+    assert not [path for path in objects(collector) if "/tmp/" in path]
+    assert _recalled(url, "keep", content) == content

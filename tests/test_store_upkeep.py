@@ -1237,11 +1237,11 @@ def test_two_gcs_at_once_both_finish(tmp_path: Path, make: Any, meanwhile: str) 
             second.gc(0, grace=0)
         removing(section, names)
 
-    def sweep(entries: list[Entry]) -> list[Entry]:
+    def sweep(entries: list[Entry], referred: Any) -> list[Entry]:
         if not ran:  # the first is about to remove blobs: the other runs
             ran.append("blobs")
             second.gc(0, grace=0)
-        return sweeping(entries)  # type: ignore[no-any-return]
+        return sweeping(entries, referred)  # type: ignore[no-any-return]
 
     first._remove = remove
     if meanwhile == "blobs":
@@ -1344,11 +1344,11 @@ def test_a_keep_of_a_blob_its_gc_is_removing_waits_and_writes_it_afresh(
     removing, kept = threading.Event(), threading.Event()
     real = store._sweep
 
-    def sweep(entries: list[Entry]) -> list[Entry]:
+    def sweep(entries: list[Entry], referred: Any) -> list[Entry]:
         if entries:
             removing.set()
             kept.wait(0.5)  # a keep that does not wait for this removal is done by now
-        return real(entries)
+        return real(entries, referred)
 
     store._sweep = sweep  # type: ignore[method-assign]
     collector = threading.Thread(target=store.gc, kwargs={"grace": 0})

@@ -8,6 +8,16 @@ if it still holds what was listed when it is read again just before; what race i
 and why it costs at worst a miss, :meth:`BucketShelf._drop` says. A gc collects the
 cache in front too, which holds copies only.
 
+A put of a blob already in a bucket neither writes nor touches it (an object's time
+cannot be changed without writing it again), so a gc cannot tell, as a local store's can, a
+blob a writer is about to refer to from one nothing wants. A gc therefore copies each blob it
+removes aside in ``tmp/aside/`` first (on the server: no bytes travel), reads the records,
+pack indexes and names again once the blobs are deleted, puts back each blob one published
+meanwhile refers to, and only then removes the copies; the writer looks for such a blob
+again once its record is published (:meth:`BucketStore._published`). A gc stopped between
+its delete and its put-back leaves the copies: the next gc puts back each whose blob is
+missing, and removes them a day later.
+
 On S3 a gc also aborts the uploads of its blobs left incomplete (an upload whose own
 abort could not reach the server), once nothing was added to one for a day.
 
@@ -19,12 +29,13 @@ level, and never fails a recall; a damaged one only loses recency.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import re
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -39,7 +50,7 @@ from somatize.store.base import (
     store_kind,
 )
 from somatize.store.local import LocalStore
-from somatize.store.upkeep import Collected, Entry, Progress, collect
+from somatize.store.upkeep import Collected, Entry, Progress, blob_digest, collect
 
 _log = logging.getLogger("somatize.store.bucket")
 """The bucket store's logger, named after its public module."""
@@ -53,6 +64,16 @@ _UPLOADS_GRACE = 24 * 3600.0
 aborts it (gc's grace, when longer): until then it may be another process's upload,
 still going, slowly."""
 
+
+_ASIDE = "aside"
+"""The folder of ``tmp/`` a gc copies each blob it removes into first, as
+``<64 hex>.<32 hex>`` (the blob's digest, and what tells one gc's copy from another's)."""
+_ASIDE_NAME = re.compile(r"([0-9a-f]{64})\.[0-9a-f]{32}")
+
+_ASIDE_GRACE = 24 * 3600.0
+"""Seconds a blob's copy left in ``tmp/aside/`` (by a gc stopped before it removed it) is
+kept before a gc removes it: until then it may be the copy of a gc still running, which
+puts the blob back from it should a record published meanwhile refer to it."""
 
 _DEPTHS = {"blobs": 1, "answers": 1, "packs": 0, "used": 0, "quarantine": 1}
 """How many folders down its section each file a bucket store writes lies
@@ -119,11 +140,104 @@ class BucketShelf(BucketRequests):
         archived = self._in_archive("collect garbage in")
         if archived is not None:
             raise archived
+        left, left_bytes = self._put_back_left_aside()
         done = super().gc(max_bytes, grace=grace, progress=progress)
         aborted, freed = self._abort_uploads(max(grace, _UPLOADS_GRACE))
-        done.abandoned += aborted
-        done.freed += freed
+        done.abandoned += aborted + left
+        done.freed += freed + left_bytes
         return done
+
+    def _put_back_left_aside(self) -> tuple[int, int]:
+        """Puts back each blob a gc stopped between its delete and its put-back (killed,
+        or failing) removed and left a copy of in ``tmp/aside/``, where the blob is missing:
+        a record published meanwhile may refer to it (one nothing refers to goes again, at
+        a gc after the grace). Removes such copies older than :data:`_ASIDE_GRACE`; how
+        many, and their bytes."""
+        removed: list[str] = []
+        freed = 0
+        now = time.time()
+        base = f"{self.root}/tmp/{_ASIDE}/".lstrip("/")
+        for path, info in sorted(self._list(f"tmp/{_ASIDE}").items()):
+            name = path.lstrip("/")[len(base) :]
+            found = _ASIDE_NAME.fullmatch(name)
+            if found is None:
+                continue  # none of a gc's: a user's, or another store's under this prefix
+            hexed = found.group(1)
+            blob = self._path("blobs", f"{hexed[:2]}/{hexed}")
+            self.fs.invalidate_cache(blob)
+            if not self._call(f"looking for blob blake3:{hexed}", self.fs.exists, blob):
+                with contextlib.suppress(FileNotFoundError):  # put back by another gc
+                    self._copy(path, blob, f"putting blob blake3:{hexed} back")
+            if now - _mtime(info) > _ASIDE_GRACE:
+                removed.append(self._path("tmp", f"{_ASIDE}/{name}"))
+                freed += int(info.get("size") or 0)
+        self._rm(f"removing blobs set aside in tmp/{_ASIDE}/", removed)
+        return len(removed), freed
+
+    def _sweep(self, entries: list[Entry], referred: Callable[[], set[str] | None]) -> list[Entry]:
+        """Each blob is copied aside in ``tmp/aside/`` first, then all are deleted; then
+        ``referred()`` reads again what was published since the gc read the store, each
+        blob that refers to is put back from its copy, and the copies are removed. A record
+        a writer publishes (its put found the blob and did not write it) before that read
+        puts its blob back here; one published after it was published after the delete, and
+        its writer, looking for the blob once more, finds it gone and writes it again. A
+        blob gone before it is copied (a gc elsewhere) is not this gc's to remove.
+        Credentials that may delete but not write cannot copy: the blobs are then removed
+        without copies, as the listings found them, and a record published in that instant
+        may point at nothing (a miss, recomputed)."""
+        if not entries:
+            return []
+        paths = {entry.name: self._path("blobs", entry.name) for entry in entries}
+        aside = self._copy_aside(paths)
+        if aside is None:
+            self._rm("removing blobs", list(paths.values()))
+            return entries
+        try:
+            self._rm("removing blobs", [paths[name] for name in aside])
+        except StoreError:
+            # Refused (credentials that may write but not delete): the copies would only
+            # pile up, gc after gc. Those of blobs it did remove go too: such a blob is
+            # gone as a gc without copies removes it.
+            with contextlib.suppress(OSError, StoreError):
+                self._rm(f"removing blobs set aside in tmp/{_ASIDE}/", list(aside.values()))
+            raise
+        wanted = referred()
+        back = {name for name in aside if wanted is None or blob_digest(name) in wanted}
+        for name in sorted(back):
+            with contextlib.suppress(FileNotFoundError):  # put back by a gc elsewhere
+                self._copy(aside[name], paths[name], f"putting blob {name} back")
+        self._rm(f"removing blobs set aside in tmp/{_ASIDE}/", list(aside.values()))
+        return [entry for entry in entries if entry.name in aside and entry.name not in back]
+
+    def _copy_aside(self, paths: dict[str, str]) -> dict[str, str] | None:
+        """Copies each blob of ``paths`` (its name in ``blobs/`` → its path) into
+        ``tmp/aside/``: name → where its copy is, for those still there; None when these
+        credentials may not write (no copy made is left)."""
+        out: dict[str, str] = {}
+        for name, path in paths.items():
+            copy = self._path("tmp", f"{_ASIDE}/{name.rsplit('/', 1)[-1]}.{uuid.uuid4().hex}")
+            try:
+                self._copy(path, copy, f"setting blob {name} aside")
+            except FileNotFoundError:
+                continue  # removed meanwhile by a gc elsewhere: not this one's to remove
+            except StoreError as why:
+                if not isinstance(why.__cause__, PermissionError):
+                    raise
+                _log.debug(
+                    "%s: blobs cannot be set aside before they are removed (%s)", self.url, why
+                )
+                self._rm(f"removing blobs set aside in tmp/{_ASIDE}/", list(out.values()))
+                return None
+            out[name] = copy
+        return out
+
+    def _copy(self, source: str, target: str, what: str) -> None:
+        """Copies the object at ``source`` to ``target`` on the server; FileNotFoundError
+        when there is none."""
+        if not self._atomic:  # a plain filesystem copies into a folder that exists
+            self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
+        self._call(what, self.fs.cp_file, source, target)
+        self.fs.invalidate_cache(target)
 
     def _abort_uploads(self, after: float) -> tuple[int, int]:
         """Aborts the uploads to S3 of this store's blobs left incomplete (one interrupted
@@ -252,6 +366,7 @@ class BucketShelf(BucketRequests):
         out = [
             Entry(name, int(info.get("size") or 0), _mtime(info))
             for name, info in self._listed(section).items()
+            if not (section == "tmp" and name.startswith(f"{_ASIDE}/"))  # a gc's copies
         ]
         merging = self._noted.merging
         if merging is not None and section in ("answers", "packs"):

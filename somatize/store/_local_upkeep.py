@@ -26,6 +26,7 @@ import multiprocessing.util
 import os
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from stat import S_ISREG
 
@@ -175,7 +176,7 @@ class LocalShelf(LocalFiles):
             except OSError as why:
                 raise self._unremoved(section, name, why) from why
 
-    def _sweep(self, entries: list[Entry]) -> list[Entry]:
+    def _sweep(self, entries: list[Entry], referred: Callable[[], set[str] | None]) -> list[Entry]:
         """Each blob is renamed into ``tmp/`` first and looked at there: one whose time moved
         since ``entries`` listed it — a writer put it again (:meth:`_already` touches it),
         about to refer to it — is put back; only one left as listed is removed. A writer

@@ -60,7 +60,7 @@ import time
 import uuid
 import weakref
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Mapping, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from typing import IO, Any, cast
 
 import blake3
@@ -499,6 +499,18 @@ def hash_bytes(data: Buffer | mmap.mmap) -> str:
     return "blake3:" + blake3.blake3(data, max_threads=hash_threads()).hexdigest()
 
 
+class Claims(list[str]):
+    """The blobs a write claimed (:meth:`PackedHome._claim`), and the bytes of those its put
+    found in the store already and did not write (a bucket's): once what refers to them is
+    published, a blob removed meanwhile is written again from them
+    (:meth:`PackedHome._published`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.found: dict[str, Sequence[Buffer]] = {}
+        """Blob → its bytes, for each blob the put found there and did not write."""
+
+
 class PackedHome(Spills, Store):
     """A home of the store, less the primitives that depend on where its files are."""
 
@@ -636,6 +648,13 @@ class PackedHome(Spills, Store):
     def _publish_index(self, pack: PackIndex, data: bytes) -> None:
         """Publishes pack index ``data`` whole, then adopts ``pack``."""
 
+    def _published(self, claims: list[str]) -> None:
+        """Called once the record or index referring to the blobs ``claims`` holds is
+        published. A home whose put of a blob found there already neither wrote nor touched
+        it (a bucket) looks for each such blob again, and writes it again if a gc elsewhere
+        removed it meanwhile; here nothing is to be done: a put touched the blob, and a gc
+        that took it after that was told by its time (see :meth:`_sweep`)."""
+
     @abc.abstractmethod
     def _listed_packs(self) -> dict[str, str] | None:
         """Pack id → where its index is, for every index in ``packs/``; None when the
@@ -673,9 +692,11 @@ class PackedHome(Spills, Store):
     def _remove(self, section: str, names: list[str]) -> None:
         """Removes ``names`` from ``section``."""
 
-    def _sweep(self, entries: list[Entry]) -> list[Entry]:
+    def _sweep(self, entries: list[Entry], referred: Callable[[], set[str] | None]) -> list[Entry]:
         """Removes the unreferenced blobs ``entries`` (as a gc's last look listed them);
-        those removed. A home that can tell a blob touched since (a local store) leaves it."""
+        those removed. A home that can tell a blob touched since (a local store) leaves it;
+        one that cannot (a bucket) asks ``referred()`` once they are removed which blobs
+        what was published since refers to (None: any may be), and puts those back."""
         self._remove("blobs", [entry.name for entry in entries])
         return entries
 
@@ -765,10 +786,10 @@ class PackedHome(Spills, Store):
                 self._writing.discard(name)
 
     @contextlib.contextmanager
-    def _keeping(self) -> Iterator[list[str]]:
+    def _keeping(self) -> Iterator[Claims]:
         """The blobs claimed in the block (by :meth:`_put`), which a gc of this object
         leaves alone until the block ends: a keep publishes what refers to them in it."""
-        claims: list[str] = []
+        claims = Claims()
         try:
             yield claims
         finally:
@@ -850,6 +871,7 @@ class PackedHome(Spills, Store):
             if created != answer.created:
                 answer = dataclasses.replace(answer, created=created)
             self._publish_record(answer, encode_record(answer, self.signer))
+            self._published(claims)
         self._supersede(answer)
         return answer
 

@@ -57,7 +57,7 @@ from somatize._numbers import finite
 from somatize.store._bucket_requests import _ABSENT, BucketNotes, _open_file, _under_copies
 from somatize.store._bucket_upkeep import BucketShelf, version_of
 from somatize.store._local_files import open_file
-from somatize.store._packed import digest_of, frozen, hash_bytes, nbytes, pieces_of
+from somatize.store._packed import Claims, digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     Answer,
     BadAddress,
@@ -832,6 +832,8 @@ class BucketStore(BucketShelf):
             try:
                 there = self._call(f"looking for blob {digest}", self.fs.info, path)
                 if int(there.get("size", -1)) == size:
+                    if isinstance(claims, Claims):  # looked for again once referred to
+                        claims.found[digest] = pieces
                     return digest
             except FileNotFoundError:
                 pass
@@ -840,6 +842,23 @@ class BucketStore(BucketShelf):
         if self.cache is not None:
             self._fill_cache(self.cache._take_blob, digest, pieces)
         return digest
+
+    def _published(self, claims: list[str]) -> None:
+        """A put that found its blob here neither wrote nor touched it (an object's time
+        cannot be changed without writing it again), so a gc elsewhere that found it
+        unreferenced and old may have removed it since, and read the records before this
+        one was published. Each such blob is looked for once more (one request, only for
+        blobs found there), and written again from the bytes kept if it is gone. Together
+        with a gc's set-aside copies (:meth:`~BucketShelf._sweep`) no interleaving leaves
+        the record pointing at nothing: a gc that read the records after this record was
+        published puts the blob back itself, and one that read them before removed the
+        blob before this look, which finds it gone."""
+        found = claims.found if isinstance(claims, Claims) else {}
+        for digest, pieces in found.items():
+            path = self._blob_path(digest)
+            if not self._there(path, f"looking for blob {digest} again"):
+                self._write(path, pieces)
+        found.clear()
 
     def bind(self, name: str, digest: str) -> None:
         """The blob is looked for in the bucket (not the cache) before the name is written,

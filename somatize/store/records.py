@@ -569,6 +569,8 @@ class _Packing(Protocol):
 
     def _publish_index(self, pack: PackIndex, data: bytes) -> None: ...
 
+    def _published(self, claims: list[str]) -> None: ...
+
     def _created_after(self, keys: Sequence[str], now: float) -> float: ...
 
 
@@ -657,7 +659,9 @@ def _pack(
     each), as one pack: its blob, then the index that refers to it."""
     with home._keeping() as claims:  # the blob is this keep's until its index is out
         blob = home._put(pieces, claims)
-        return index_pack(home, blob, keys, lengths, codec, fingerprint)
+        pack = index_pack(home, blob, keys, lengths, codec, fingerprint)
+        home._published(claims)
+        return pack
 
 
 def index_pack(

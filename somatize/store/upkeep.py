@@ -153,7 +153,9 @@ class Shelf(Protocol):
 
     def _remove(self, section: str, names: list[str]) -> None: ...
 
-    def _sweep(self, entries: list[Entry]) -> list[Entry]: ...
+    def _sweep(
+        self, entries: list[Entry], referred: Callable[[], set[str] | None]
+    ) -> list[Entry]: ...
 
     def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]: ...
 
@@ -616,15 +618,22 @@ def _collect(
     ahead_of_clock -= {(unit.section, unit.name) for unit in dropped["answers"] + dropped["packs"]}
     _stamp_kept(shelf, ahead_of_clock, now)
     unread = _unread_names(read, blobs.__contains__)
+    seen = {
+        (r.section, r.entry.name): r.entry
+        for r in read
+        if r.section != "answers" or r.entry.name not in spared
+    }
+
+    def referred_now() -> set[str] | None:
+        """The blobs records, indexes and names published since the store was read refer
+        to; None when a name among them cannot say which (it may point at any blob)."""
+        referred, unread_since = _referred_since(shelf, seen, blobs.__contains__)
+        return None if unread_since else referred
+
     if sweep:
         # Look again: a writer may have put one of these again (which touches it) and
         # published a record referring to it since the store was listed (a record spared
         # above is one; it is read again).
-        seen = {
-            (r.section, r.entry.name): r.entry
-            for r in read
-            if r.section != "answers" or r.entry.name not in spared
-        }
         referred, unread_since = _referred_since(shelf, seen, blobs.__contains__)
         held |= referred
         unread += unread_since
@@ -645,7 +654,9 @@ def _collect(
     # put by another thread of it from now on waits until this removal is done.
     with shelf._removing_blobs({blob_digest(e.name) for e in sweep}) as free:
         sweep = [e for e in sweep if blob_digest(e.name) in free]
-        sweep = shelf._sweep(sweep)  # one a writer touched since the last look is left
+        # One a writer touched since the last look is left; one referred to after it, by a
+        # writer whose put found it there, is put back where a home cannot touch it.
+        sweep = shelf._sweep(sweep, referred_now)
     out.blobs = len(sweep)
     out.freed += sum(e.size for e in sweep)
     tmp_grace = grace if abandoned_after is None else abandoned_after
