@@ -13,7 +13,9 @@ import pytest
 
 from somatize.cli import main
 from somatize.store import BadAddress, BucketStore, LocalStore, Store, StoreError
-from somatize.store.base import MARKER, MARKER_DATA
+from somatize.store import local as store_local
+from somatize.store._bucket_upkeep import BucketShelf
+from somatize.store.base import MARKER, MARKER_DATA, MARKER_PART
 from tests.conftest_s3 import s3_options, s3_url
 from tests.test_store_cli import _bare_s3
 
@@ -151,6 +153,48 @@ def test_a_folder_holding_other_files_is_no_place_for_a_new_store(tmp_path: Path
     (tmp_path / "empty" / ".DS_Store").write_bytes(b"a file browser's")
     for at in (half, tmp_path / "empty", tmp_path / "missing"):
         assert _marker(LocalStore(at)) == MARKER_DATA
+    (tmp_path / "finder").mkdir()
+    (tmp_path / "finder" / ".DS_Store").write_bytes(b"a file browser's")
+    assert _marker(Store.on_bucket(f"file://{tmp_path / 'finder'}")) == MARKER_DATA
+
+
+OPENERS: dict[str, Callable[[Path], Any]] = {
+    "local": LocalStore,
+    "file": lambda at: Store.on_bucket(f"file://{at}"),
+}
+"""The homes a store is made in as it is opened: a directory, by path or file:// URL."""
+
+
+@pytest.mark.parametrize("home", OPENERS)
+@pytest.mark.parametrize("other", OPENERS)
+def test_many_processes_opening_a_new_store_at_once_all_open_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: str, other: str
+) -> None:
+    """Ranks or workers opening a new store at once: one that found no store there, and
+    then found the folder no longer fresh because another made the store in between, opens
+    that store rather than refusing it as a folder of the user's. A folder whose tmp/ holds
+    only the marker another is writing, there before the marker, is no user's either."""
+    at = tmp_path / "store"
+    real = {"local": store_local._fresh, "file": BucketShelf._fresh}
+
+    def made_meanwhile(*args: Any) -> bool:  # another process makes the store, and writes
+        monkeypatch.setattr(store_local, "_fresh", real["local"])
+        monkeypatch.setattr(BucketShelf, "_fresh", real["file"])
+        OPENERS[other](at).put(b"written by another process")
+        return bool(real[home](*args))
+
+    monkeypatch.setattr(store_local, "_fresh", made_meanwhile)
+    monkeypatch.setattr(BucketShelf, "_fresh", made_meanwhile)
+    store = OPENERS[home](at)
+    assert _marker(store) == MARKER_DATA
+    assert (
+        bytes(store.get(store.put(b"written by another process"))) == b"written by another process"
+    )
+    for one, opened in OPENERS.items():  # the other's marker, still in tmp/
+        marking = tmp_path / f"marking-{one}"
+        (marking / "tmp").mkdir(parents=True)
+        (marking / "tmp" / f"123-{'ab' * 16}{MARKER_PART}").write_bytes(MARKER_DATA)
+        assert _marker(opened(marking)) == MARKER_DATA
 
 
 @pytest.mark.parametrize("home", ["local", "file", "s3", "s3-signed"])

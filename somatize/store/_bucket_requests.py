@@ -42,6 +42,7 @@ from somatize.store._packed import PackedHome, nbytes
 from somatize.store.base import (
     MARKER,
     MARKER_DATA,
+    MARKER_PART,
     BadAddress,
     Buffer,
     Missing,
@@ -517,22 +518,23 @@ class BucketRequests(PackedHome):
         try:
             self._call(f"looking for {marker}", self.fs.info, marker)
         except FileNotFoundError:
-            self._publish(marker, [MARKER_DATA])
+            self._publish(marker, [MARKER_DATA], MARKER_PART)
         self._noted.marked = True
 
     def _mark(self) -> bool:
         try:
-            self._publish(f"{self.root}/{MARKER}", [MARKER_DATA])
+            self._publish(f"{self.root}/{MARKER}", [MARKER_DATA], MARKER_PART)
         except OSError:  # not written (credentials that may only read): left as it was
             return False
         return True
 
-    def _publish(self, path: str, pieces: Sequence[Buffer]) -> None:
-        """Writes ``pieces`` at ``path`` whole (see :meth:`_write`)."""
+    def _publish(self, path: str, pieces: Sequence[Buffer], suffix: str = ".part") -> None:
+        """Writes ``pieces`` at ``path`` whole (see :meth:`_write`), on a plain filesystem
+        through a file in ``tmp/`` named to end in ``suffix``."""
         if self._atomic:
             self._upload(path, path, pieces)
             return
-        with self._in_tmp(".part") as name:
+        with self._in_tmp(suffix) as name:
             self._upload(self._path("tmp", name), path, pieces)
 
     def _upload(self, path: str, target: str, pieces: Sequence[Buffer]) -> None:

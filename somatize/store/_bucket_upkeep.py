@@ -43,6 +43,7 @@ from somatize.store._bucket_requests import BucketRequests
 from somatize.store._local_upkeep import _set_times
 from somatize.store._packed import hash_bytes
 from somatize.store.base import (
+    MARKER_PART,
     StoreError,
     check_digest,
     moment,
@@ -442,11 +443,18 @@ class BucketShelf(BucketRequests):
 
     def _fresh(self) -> bool:
         """Whether the prefix holds nothing but empty folders a store makes (on an object
-        store, which keeps no empty folder: nothing), where a new store may be made."""
-        listed = self._names_in(self.root)
-        return all(
-            name in self._sections and not self._names_in(f"{self.root}/{name}") for name in listed
-        )
+        store, which keeps no empty folder: nothing), where a new store may be made: a
+        ``tmp/`` that holds the marker another process is writing, and a file browser's
+        ``.DS_Store``, are passed over, as a local store's directory's are."""
+        for name in self._names_in(self.root) - {".DS_Store"}:
+            if name not in self._sections:
+                return False
+            inside = self._names_in(f"{self.root}/{name}")
+            if name != "tmp" and inside:
+                return False
+            if any(not found.endswith(MARKER_PART) for found in inside):
+                return False
+        return True
 
     def _names_in(self, at: str) -> set[str]:
         """The names of what lies in the folder ``at`` (one fresh listing; none if absent)."""

@@ -364,6 +364,10 @@ only ``blobs/`` in their grace) stays one, and a folder that merely holds folder
 MARKER_DATA = b'{"somatize": "store", "layout": 1}\n'
 """What :data:`MARKER` holds, as a store writes it."""
 
+MARKER_PART = f".{MARKER}.part"
+"""How the name of the file in ``tmp/`` that becomes :data:`MARKER` ends: a directory whose
+``tmp/`` holds no more is a store being made by another process, no folder of a user's."""
+
 
 def store_kind(holds: Callable[[str], bool]) -> str | None:
     """What a folder (a directory, a bucket's prefix) holds, ``holds`` telling whether an

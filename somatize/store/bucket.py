@@ -631,7 +631,9 @@ class BucketStore(BucketShelf):
         if found is not None:
             raise inside_a_section(url, (self.fs.unstrip_protocol(found[0]), found[1]))
         if not self._atomic:  # writes go through tmp/, which a fresh directory lacks
-            if self._store_kind() is None and not self._fresh():
+            # Looked at again where it is no fresh folder: what made it none may be a store
+            # that another process opening it at once (a worker, a rank) made since.
+            if self._store_kind() is None and not self._fresh() and self._store_kind() is None:
                 # A directory holding files but no store, which may be a user's: nothing is
                 # made there, as a local store's open refuses it.
                 raise unmarked(url, "it holds files but no store", "open a store at", BadAddress)

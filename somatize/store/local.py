@@ -75,6 +75,7 @@ from somatize.store._packed import FULL, hash_bytes
 from somatize.store.base import (
     MARKER,
     MARKER_DATA,
+    MARKER_PART,
     Answer,
     BadAddress,
     Corrupt,
@@ -252,9 +253,13 @@ class LocalStore(LocalShelf):
         self.signer: Signer | None = signer_from(signing_key)
         kind = _kind_at(str(self.root))
         if kind is None and not _fresh(str(self.root)):
-            raise unmarked(
-                str(self.root), "it holds files but no store", "open a store at", BadAddress
-            )
+            # Looked at again: what made it no fresh folder may be a store that another
+            # process opening it at once (a worker, a rank) made since it was looked at.
+            kind = _kind_at(str(self.root))
+            if kind is None:
+                raise unmarked(
+                    str(self.root), "it holds files but no store", "open a store at", BadAddress
+                )
         # What is left of an earlier store emptied by its upkeep is read as it is, its
         # folders made as a write needs them: made now, they would make a user's folder
         # that holds the same look like a store to a later gc.
@@ -296,7 +301,7 @@ class LocalStore(LocalShelf):
         False where it cannot be written (a store this process may not write, or a full
         disk), which leaves the store as it was."""
         try:
-            fd, part = tempfile.mkstemp(prefix="marker.", suffix=".part", dir=self._tmp)
+            fd, part = tempfile.mkstemp(suffix=MARKER_PART, dir=self._tmp)
         except OSError:
             return False
         try:
@@ -748,8 +753,9 @@ _OWN_FOLDERS = frozenset(("blobs", "names", "answers", "packs", "tmp", "quaranti
 
 def _fresh(root: str) -> bool:
     """Whether a new store may be made at ``root``: no such directory (yet), or one holding
-    nothing but empty folders a store makes (a store's making, stopped before its marker),
-    and a file browser's ``.DS_Store``."""
+    nothing but empty folders a store makes (a store's making, stopped before its marker,
+    or another process's, its marker being written in ``tmp/``), and a file browser's
+    ``.DS_Store``."""
     try:
         with os.scandir(root) as entries:
             for entry in entries:
@@ -758,8 +764,9 @@ def _fresh(root: str) -> bool:
                 if entry.name not in _OWN_FOLDERS or not entry.is_dir(follow_symlinks=False):
                     return False
                 with os.scandir(entry.path) as inside:
-                    if next(inside, None) is not None:
-                        return False
+                    for found in inside:
+                        if entry.name != "tmp" or not found.name.endswith(MARKER_PART):
+                            return False
     except FileNotFoundError:
         return True
     except NotADirectoryError:
