@@ -156,6 +156,13 @@ def test_a_folder_holding_other_files_is_no_place_for_a_new_store(tmp_path: Path
     (tmp_path / "finder").mkdir()
     (tmp_path / "finder" / ".DS_Store").write_bytes(b"a file browser's")
     assert _marker(Store.on_bucket(f"file://{tmp_path / 'finder'}")) == MARKER_DATA
+    for kept, open_ in (("local", LocalStore), ("file", OPENERS["file"])):
+        repository = tmp_path / f"kept-in-git-{kept}"  # a cache folder a repository keeps
+        repository.mkdir()
+        (repository / ".gitkeep").write_bytes(b"")
+        (repository / ".gitignore").write_bytes(b"*\n")
+        assert _marker(open_(repository)) == MARKER_DATA
+        assert (repository / ".gitignore").read_bytes() == b"*\n"
 
 
 OPENERS: dict[str, Callable[[Path], Any]] = {

@@ -44,6 +44,7 @@ from somatize.store._local_upkeep import _set_times
 from somatize.store._packed import hash_bytes
 from somatize.store.base import (
     MARKER_PART,
+    PASSED_OVER,
     StoreError,
     check_digest,
     moment,
@@ -444,9 +445,10 @@ class BucketShelf(BucketRequests):
     def _fresh(self) -> bool:
         """Whether the prefix holds nothing but empty folders a store makes (on an object
         store, which keeps no empty folder: nothing), where a new store may be made: a
-        ``tmp/`` that holds the marker another process is writing, and a file browser's
-        ``.DS_Store``, are passed over, as a local store's directory's are."""
-        for name in self._names_in(self.root) - {".DS_Store"}:
+        ``tmp/`` that holds the marker another process is writing, and the files a file
+        browser or git keeps in such a folder, are passed over, as a local store's
+        directory's are."""
+        for name in self._names_in(self.root) - PASSED_OVER:
             if name not in self._sections:
                 return False
             inside = self._names_in(f"{self.root}/{name}")

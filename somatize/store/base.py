@@ -364,6 +364,11 @@ only ``blobs/`` in their grace) stays one, and a folder that merely holds folder
 MARKER_DATA = b'{"somatize": "store", "layout": 1}\n'
 """What :data:`MARKER` holds, as a store writes it."""
 
+PASSED_OVER = frozenset((".DS_Store", ".gitkeep", ".gitignore"))
+"""Files a folder meant for a store may hold before it is one, passed over as it is made:
+what a file browser leaves in any folder, and what keeps an empty folder, or keeps what
+is put in it, out of a git repository."""
+
 MARKER_PART = f".{MARKER}.part"
 """How the name of the file in ``tmp/`` that becomes :data:`MARKER` ends: a directory whose
 ``tmp/`` holds no more is a store being made by another process, no folder of a user's."""

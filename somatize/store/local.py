@@ -76,6 +76,7 @@ from somatize.store.base import (
     MARKER,
     MARKER_DATA,
     MARKER_PART,
+    PASSED_OVER,
     Answer,
     BadAddress,
     Corrupt,
@@ -754,12 +755,12 @@ _OWN_FOLDERS = frozenset(("blobs", "names", "answers", "packs", "tmp", "quaranti
 def _fresh(root: str) -> bool:
     """Whether a new store may be made at ``root``: no such directory (yet), or one holding
     nothing but empty folders a store makes (a store's making, stopped before its marker,
-    or another process's, its marker being written in ``tmp/``), and a file browser's
-    ``.DS_Store``."""
+    or another process's, its marker being written in ``tmp/``), and the files a file
+    browser or git keeps in such a folder (:data:`PASSED_OVER`)."""
     try:
         with os.scandir(root) as entries:
             for entry in entries:
-                if entry.name == ".DS_Store":  # what a file browser leaves in any folder
+                if entry.name in PASSED_OVER:
                     continue
                 if entry.name not in _OWN_FOLDERS or not entry.is_dir(follow_symlinks=False):
                     return False
