@@ -407,6 +407,74 @@ def test_a_wrapper_a_decorator_of_its_package_makes_is_read_by_its_own_code(
     assert [a != b for a, b in zip(now, first, strict=True)] == [True, True]
 
 
+_BESIDE_NODES = """
+import beside_helpers
+from somatize import Node
+from beside_helpers import shift
+
+class ImportsIt(Node):
+    def forward(self, x, ctx):
+        return shift(x)
+
+class ReadsItsModule(Node):
+    def forward(self, x, ctx):
+        return beside_helpers.shift(x)
+"""
+
+
+def test_a_helper_of_a_module_beside_a_node_s_module_is_its_code(tmp_path: Path) -> None:
+    """A helper a node's top-level module imports from a top-level module in the same
+    folder (``helpers.py`` beside the module, no package holding them) is the node's code:
+    edited, it is another fingerprint in a new process, so what the old helper computed is
+    never recalled as the new one's without a drift."""
+    _write(tmp_path / "beside_helpers.py", "def shift(x):\n    return x + 1\n")
+    _write(tmp_path / "beside_nodes.py", _BESIDE_NODES)
+    kinds = ("ImportsIt", "ReadsItsModule")
+    first = _fingerprints_in(tmp_path, "beside_nodes", *kinds)
+    assert _fingerprints_in(tmp_path, "beside_nodes", *kinds) == first
+    _write(tmp_path / "beside_helpers.py", "def shift(x):\n    return x + 2\n")
+    now = _fingerprints_in(tmp_path, "beside_nodes", *kinds)
+    assert [a != b for a, b in zip(now, first, strict=True)] == [True, True]
+
+
+_SCRIPT_BESIDE = """
+import sys
+from somatize import Graph, Node
+from beside_helpers import shift
+
+class Shifted(Node):
+    def forward(self, x, ctx):
+        return shift(x)
+
+facts = []
+g = Graph.somatize(Shifted().named("shifted").frozen().cached())
+print(g.forward(1, store=sys.argv[1], watching=facts.append), *(f["fact"] for f in facts))
+"""
+
+
+def test_a_script_s_helper_edited_beside_it_makes_its_recalled_answer_drifted(
+    tmp_path: Path,
+) -> None:
+    """A script whose node calls a helper of the module beside it (``python train.py``,
+    ``from helpers import shift``), run again after the helper was edited, recalls the
+    answer kept before as drifted, never silently, and computes it anew under strict."""
+    code = tmp_path / "code"
+    code.mkdir()
+    _write(code / "beside_helpers.py", "def shift(x):\n    return x + 1\n")
+    _write(code / "train.py", _SCRIPT_BESIDE)
+    store = str(tmp_path / "store")
+    script = str(code / "train.py")
+    assert _printed([script, store]).split() == ["2", "ran", "kept", "finished"]
+    assert _printed([script, store]).split() == ["2", "recalled", "finished"]
+    _write(code / "beside_helpers.py", "def shift(x):\n    return x + 2\n")
+    assert _printed(["-W", "ignore", script, store]).split() == [
+        "2",
+        "recalled",
+        "drifted",
+        "finished",
+    ]
+
+
 _COMMENTED = {
     "tools": """
 def shift(x):

@@ -23,6 +23,8 @@ from types import (
 )
 from typing import Any
 
+from somatize.catalog._project import project_of
+
 _LEFT_OUT = frozenset({"torch"})
 """Packages whose classes no fingerprint covers, besides the standard library's: the
 library a node is written against, not the node's code — an upgrade of torch does not
@@ -248,16 +250,19 @@ function: :func:`_functions_in` finds none in them without unwrapping them."""
 
 def _same_package(defined: str, module: str) -> bool:
     """Whether a function defined in module ``defined``, imported by module ``module``, is of
-    the same package (``proj.tools`` for ``proj.nodes``): the same project's code, written
-    with it — not another package's (an upgrade of which would drift every answer), nor
-    the standard library's or torch's."""
+    the same package (``proj.tools`` for ``proj.nodes``), or of a top-level module found in
+    the same folder of the user's code (``helpers`` beside the script ``train.py`` or the
+    module ``nodes``, :func:`project_of`): the same project's code, written with it — not
+    another package's (an upgrade of which would drift every answer), nor the standard
+    library's or torch's."""
     top = defined.partition(".")[0]
-    return (
-        top == module.partition(".")[0]
-        and top != "__main__"
-        and top not in sys.stdlib_module_names
-        and top not in _LEFT_OUT
-    )
+    if top == "__main__" or top in sys.stdlib_module_names or top in _LEFT_OUT:
+        return False
+    reader = module.partition(".")[0]
+    if top == reader:
+        return True
+    found = project_of(top)
+    return found is not None and found == project_of(reader)
 
 
 _EMPTY = object()

@@ -1,0 +1,86 @@
+"""Where a top-level module or package of the user's own code lies: its project.
+
+A script and the modules beside it (``train.py`` importing ``helpers.py`` from its
+folder, a notebook importing ``helpers.py`` from its working directory, a package
+``proj`` beside a module ``tools``) are one project even though no package holds them:
+their top-level names differ, yet they are written together, and an edit to one changes
+what the others compute. The folder a top-level module is found in (its ``sys.path``
+entry) says which project it is of; one found where installed packages lie
+(``site-packages``) or among the standard library is of no project, since a folder of
+installed packages holds many that are upgraded apart.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import site
+import sys
+import sysconfig
+from types import ModuleType
+
+
+def project_of(top: str) -> str | None:
+    """The folder the top-level module or package ``top`` (as imported now) was found in,
+    where that is a folder of the user's code; None where it is not imported, has no file,
+    or lies among installed packages or the standard library."""
+    module = sys.modules.get(top)
+    if module is None:
+        return None
+    if top == "__main__":
+        return _main_folder(module)
+    return _folder_of(module)
+
+
+def _main_folder(main: ModuleType) -> str | None:
+    """The project of the script or notebook that runs: the package ``python -m`` ran a
+    module of, the folder of a script, else (a notebook, ``python -c``) the working
+    directory, which Python puts first on its path for them."""
+    spec = getattr(main, "__spec__", None)
+    name = getattr(spec, "name", None)
+    if isinstance(name, str) and name and name != "__main__":
+        return project_of(name.partition(".")[0])
+    file = getattr(main, "__file__", None)
+    if isinstance(file, str):
+        return _checked(os.path.dirname(os.path.abspath(file)))
+    try:
+        return _checked(os.getcwd())
+    except OSError:
+        return None
+
+
+def _folder_of(module: ModuleType) -> str | None:
+    """The folder a top-level ``module`` was found in: that of its file, or, for a
+    package, the one holding the package's folder."""
+    file = getattr(module, "__file__", None)
+    if isinstance(file, str):
+        folder = os.path.dirname(os.path.abspath(file))
+        if getattr(module, "__path__", None) is not None:  # a package: its __init__ file
+            folder = os.path.dirname(folder)
+        return _checked(folder)
+    paths = list(getattr(module, "__path__", None) or ())  # a namespace package
+    if len(paths) == 1 and isinstance(paths[0], str):
+        return _checked(os.path.dirname(os.path.abspath(paths[0])))
+    return None
+
+
+@functools.lru_cache(maxsize=256)
+def _checked(folder: str) -> str | None:
+    """``folder``, resolved, unless it is one of installed packages or of the standard
+    library."""
+    real = os.path.realpath(folder)
+    parts = set(real.split(os.sep))
+    if parts & {"site-packages", "dist-packages"} or real in _installed():
+        return None
+    return real
+
+
+@functools.lru_cache(maxsize=1)
+def _installed() -> frozenset[str]:
+    """The folders of installed packages and of the standard library."""
+    folders = set(sysconfig.get_paths().values())
+    with_site = getattr(site, "getsitepackages", None)
+    if with_site is not None:
+        folders.update(with_site())
+    folders.add(site.getusersitepackages())
+    return frozenset(os.path.realpath(folder) for folder in folders)
