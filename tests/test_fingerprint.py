@@ -475,6 +475,36 @@ def test_a_script_s_helper_edited_beside_it_makes_its_recalled_answer_drifted(
     ]
 
 
+_SCRIPT_PRINTS = """
+from somatize import Node
+from somatize.catalog import fingerprint_of
+from beside_helpers import shift
+
+class Shifted(Node):
+    def forward(self, x, ctx):
+        return shift(x)
+
+print(fingerprint_of(Shifted))
+"""
+
+
+def test_a_helper_beside_a_linked_script_s_file_is_its_code(tmp_path: Path) -> None:
+    """A script run through a link to it from another folder (``~/bin/train.py``) imports
+    its helpers from the folder of its file, where Python looks: a helper edited there is
+    another fingerprint, as for the script run where it lies."""
+    code = tmp_path / "code"
+    code.mkdir()
+    _write(code / "beside_helpers.py", "def shift(x):\n    return x + 1\n")
+    _write(code / "train.py", _SCRIPT_PRINTS)
+    link = tmp_path / "bin" / "train.py"
+    link.parent.mkdir()
+    link.symlink_to(code / "train.py")
+    first = _printed([str(link)])
+    assert _printed([str(code / "train.py")]) == first
+    _write(code / "beside_helpers.py", "def shift(x):\n    return x + 2\n")
+    assert _printed([str(link)]) != first
+
+
 _COMMENTED = {
     "tools": """
 def shift(x):

@@ -41,8 +41,8 @@ def _main_folder(main: ModuleType) -> str | None:
     if isinstance(name, str) and name and name != "__main__":
         return project_of(name.partition(".")[0])
     file = getattr(main, "__file__", None)
-    if isinstance(file, str):
-        return _checked(os.path.dirname(os.path.abspath(file)))
+    if isinstance(file, str):  # the folder of the script itself, where it is a link
+        return _checked(os.path.dirname(os.path.realpath(file)))
     try:
         return _checked(os.getcwd())
     except OSError:
