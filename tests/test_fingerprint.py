@@ -475,6 +475,35 @@ def test_a_script_s_helper_edited_beside_it_makes_its_recalled_answer_drifted(
     ]
 
 
+_BESIDE_INSTALLED = """
+import beside_helpers, bundled_lib
+from somatize import Node
+
+class CallsBoth(Node):
+    def forward(self, x, ctx):
+        return bundled_lib.scale(beside_helpers.shift(x))
+"""
+
+
+def test_a_package_installed_beside_a_node_s_module_is_not_its_code(tmp_path: Path) -> None:
+    """A package installed into the folder of a node's module (``pip install --target``,
+    a bundle beside its handler: a ``.dist-info`` records it) is not the node's code, as one
+    in ``site-packages`` is not: upgraded, it leaves the fingerprint as it was — numpy
+    bundled so was another fingerprint in each process, every recall drifted — while a
+    helper of the user's own beside it still is the node's code."""
+    _write(tmp_path / "beside_helpers.py", "def shift(x):\n    return x + 1\n")
+    _package(tmp_path, "bundled_lib", __init__="def scale(x):\n    return x * 2\n")
+    info = tmp_path / "bundled_lib-1.0.dist-info"
+    info.mkdir()
+    (info / "RECORD").write_text("bundled_lib/__init__.py,,\nbundled_lib-1.0.dist-info/RECORD,,\n")
+    _write(tmp_path / "beside_nodes.py", _BESIDE_INSTALLED)
+    first = _fingerprints_in(tmp_path, "beside_nodes", "CallsBoth")
+    _write(tmp_path / "bundled_lib" / "__init__.py", "def scale(x):\n    return x * 3\n")
+    assert _fingerprints_in(tmp_path, "beside_nodes", "CallsBoth") == first
+    _write(tmp_path / "beside_helpers.py", "def shift(x):\n    return x + 2\n")
+    assert _fingerprints_in(tmp_path, "beside_nodes", "CallsBoth") != first
+
+
 _SCRIPT_PRINTS = """
 from somatize import Node
 from somatize.catalog import fingerprint_of

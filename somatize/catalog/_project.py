@@ -12,6 +12,7 @@ installed packages holds many that are upgraded apart.
 
 from __future__ import annotations
 
+import csv
 import functools
 import os
 import site
@@ -51,17 +52,21 @@ def _main_folder(main: ModuleType) -> str | None:
 
 def _folder_of(module: ModuleType) -> str | None:
     """The folder a top-level ``module`` was found in: that of its file, or, for a
-    package, the one holding the package's folder."""
+    package, the one holding the package's folder; None where a package installed there
+    holds it (:func:`_installed_in`)."""
     file = getattr(module, "__file__", None)
     if isinstance(file, str):
         folder = os.path.dirname(os.path.abspath(file))
         if getattr(module, "__path__", None) is not None:  # a package: its __init__ file
             folder = os.path.dirname(folder)
-        return _checked(folder)
-    paths = list(getattr(module, "__path__", None) or ())  # a namespace package
-    if len(paths) == 1 and isinstance(paths[0], str):
-        return _checked(os.path.dirname(os.path.abspath(paths[0])))
-    return None
+    else:
+        paths = list(getattr(module, "__path__", None) or ())  # a namespace package
+        if len(paths) != 1 or not isinstance(paths[0], str):
+            return None
+        folder = os.path.dirname(os.path.abspath(paths[0]))
+    if module.__name__ in _installed_in(folder):
+        return None
+    return _checked(folder)
 
 
 @functools.lru_cache(maxsize=256)
@@ -73,6 +78,33 @@ def _checked(folder: str) -> str | None:
     if parts & {"site-packages", "dist-packages"} or real in _installed():
         return None
     return real
+
+
+@functools.lru_cache(maxsize=256)
+def _installed_in(folder: str) -> frozenset[str]:
+    """The top-level modules and packages that packages installed in ``folder`` hold, by
+    the files each one's ``.dist-info`` records, or else its name (``pip install
+    --target``, a folder of installed packages that is not named ``site-packages``, such as
+    a function's bundle beside its handler): not the user's code, though found beside it."""
+    try:
+        infos = [entry.path for entry in os.scandir(folder) if entry.name.endswith(".dist-info")]
+    except OSError:
+        return frozenset()
+    names: set[str] = set()
+    for info in infos:
+        names.add(os.path.basename(info).partition("-")[0].replace(".", "_"))
+        try:
+            with open(os.path.join(info, "RECORD"), newline="", encoding="utf-8") as record:
+                rows = list(csv.reader(record))
+        except (OSError, UnicodeDecodeError, csv.Error):
+            continue
+        for row in rows:
+            path = row[0].replace("\\", "/") if row else ""
+            if not path or path.startswith(("/", "..")):
+                continue
+            first, _, rest = path.partition("/")
+            names.add(first if rest else first.partition(".")[0])
+    return frozenset(names)
 
 
 @functools.lru_cache(maxsize=1)
