@@ -475,6 +475,47 @@ def test_a_script_s_helper_edited_beside_it_makes_its_recalled_answer_drifted(
     ]
 
 
+_SCRIPT_SPAWNING = """
+import multiprocessing, sys
+from somatize import Graph, Node
+from beside_helpers import shift
+
+SCALE = 3
+
+def scaled(x):
+    return x * SCALE
+
+class Shifted(Node):
+    def forward(self, x, ctx):
+        return scaled(shift(x))
+
+def answer(store):
+    facts = []
+    g = Graph.somatize(Shifted().named("shifted").frozen().cached())
+    return [g.forward(1, store=store, watching=facts.append), *(f["fact"] for f in facts)]
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(*pool.apply(answer, (sys.argv[1],)), "|", *answer(sys.argv[1]))
+"""
+
+
+def test_a_script_s_node_kept_in_a_spawned_process_is_recalled_in_the_script(
+    tmp_path: Path,
+) -> None:
+    """A process ``multiprocessing`` spawns (a pool's, a DataLoader's worker, a
+    ``ddp_spawn`` rank) loads the script as ``__mp_main__``: a node the script defines,
+    kept there, is the same node under the same key, of the same code, for the script
+    itself — recalled, not computed again, and not drifted."""
+    code = tmp_path / "code"
+    code.mkdir()
+    _write(code / "beside_helpers.py", "def shift(x):\n    return x + 1\n")
+    _write(code / "spawning.py", _SCRIPT_SPAWNING)
+    store = str(tmp_path / "store")
+    printed = _printed([str(code / "spawning.py"), store]).split()
+    assert printed == ["6", "ran", "kept", "finished", "|", "6", "recalled", "finished"]
+
+
 _BESIDE_INSTALLED = """
 import beside_helpers, bundled_lib
 from somatize import Node

@@ -23,7 +23,7 @@ from types import (
 )
 from typing import Any
 
-from somatize.catalog._project import project_of
+from somatize.catalog._project import main_named, project_of
 
 _LEFT_OUT = frozenset({"torch"})
 """Packages whose classes no fingerprint covers, besides the standard library's: the
@@ -255,10 +255,10 @@ def _same_package(defined: str, module: str) -> bool:
     module ``nodes``, :func:`project_of`): the same project's code, written with it — not
     another package's (an upgrade of which would drift every answer), nor the standard
     library's or torch's."""
-    top = defined.partition(".")[0]
+    top = main_named(defined.partition(".")[0])
     if top == "__main__" or top in sys.stdlib_module_names or top in _LEFT_OUT:
         return False
-    reader = module.partition(".")[0]
+    reader = main_named(module.partition(".")[0])
     if top == reader:
         return True
     found = project_of(top)

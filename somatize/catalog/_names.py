@@ -81,6 +81,7 @@ from somatize.catalog._members import (
     _table,
     _value_base,
 )
+from somatize.catalog._project import main_named
 
 Looked = tuple[tuple["weakref.ref[Any]", str, Any], ...]
 """Each global name a fingerprint looked up: a function that reads it (in whose module
@@ -236,7 +237,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
             value = space[name]
             if place not in looked:
                 looked[place] = (reader, name, _found_as(value, module, name))
-            label = f"{module}:{name}".encode()
+            label = f"{main_named(module)}:{name}".encode()
             if isinstance(value, FunctionType):
                 if value.__module__ != module:
                     if not _as_imported(value, module, name):  # set there by hand (a fake)
@@ -286,7 +287,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     said = _class_code(kind) if _somatize_own(kind) else _token_of(value)
                 out[place] = (b"object " + label, said)
                 # watched, as a table it only reads is: one changed in place is seen
-                seen_as = _HeldSeen(value, _version_of(value), f"{module}:{name}")
+                seen_as = _HeldSeen(value, _version_of(value), f"{main_named(module)}:{name}")
                 looked[place] = (looked[place][0], name, seen_as)
                 for method in _class_functions(kind):
                     if id(method) not in seen:
@@ -297,7 +298,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 # function and the object, as a class holding it names it (else by its mark,
                 # as an object of a helper class is), and watched
                 out[place] = (b"object " + label, _held_bytes(value) or _token_of(value))
-                seen_as = _HeldSeen(value, _version_of(value), f"{module}:{name}")
+                seen_as = _HeldSeen(value, _version_of(value), f"{main_named(module)}:{name}")
                 looked[place] = (looked[place][0], name, seen_as)
                 if id(runs) not in seen:
                     seen.add(id(runs))
@@ -321,7 +322,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     for place, value in tables.items():
         module, name = place
         made = _assignment(*_written_at(module, name, value))
-        where = f"{module}:{name}"
+        where = f"{main_named(module)}:{name}"
         if place in filled or place in stored or not _read_table(value):
             # filled as it runs (a log, a cache), holding objects, or more than a watch
             # reads: as written
@@ -382,7 +383,9 @@ def _elsewhere_object_bytes(
         return b"library " + library
     kind = type(value)
     written = b"made by " + _made_by(text, made, {as_named})
-    return _joined(b"written", [f"{kind.__module__}:{kind.__qualname__}".encode(), written])
+    return _joined(
+        b"written", [f"{main_named(kind.__module__)}:{kind.__qualname__}".encode(), written]
+    )
 
 
 def _held_weakly(value: Any) -> Any:
@@ -494,7 +497,7 @@ def _class_code(kind: type) -> bytes:
     (:func:`_function_bytes`; one made for them from a text of its own by its defaults,
     :func:`_made_function_bytes`), each plain value, and each dict, list or set of plain
     values as the class's text writes it — not what these name in turn."""
-    pieces = [f"{kind.__module__}:{kind.__qualname__}".encode()]
+    pieces = [f"{main_named(kind.__module__)}:{kind.__qualname__}".encode()]
     for above in _read_through(kind):  # `Helper.by` finds a value on its metaclass too
         for name, member in sorted(vars(above).items(), key=lambda item: item[0]):
             for function in _functions_in(member):
@@ -648,7 +651,7 @@ def _elsewhere_bytes(function: FunctionType) -> bytes:
     """A function of another module that is not what that module holds under its name
     (:func:`_as_imported`), by that name and its code (:func:`_code_bytes`), the same in
     every process running the same code."""
-    name = f"{function.__module__}:{function.__qualname__}".encode()
+    name = f"{main_named(function.__module__)}:{function.__qualname__}".encode()
     return _joined(b"elsewhere", [name, _code_bytes(function.__code__)])
 
 
@@ -682,6 +685,6 @@ def _helper_bytes(value: Any, wrapped: FunctionType) -> list[bytes]:
     """A helper ``value`` that wraps ``wrapped`` (:func:`_helper_in`), by how that function
     is written, what a partial binds (:func:`_bound_in`), and the wrapper's class."""
     kind = type(value)
-    made = f"{kind.__module__}:{kind.__qualname__}".encode()
+    made = f"{main_named(kind.__module__)}:{kind.__qualname__}".encode()
     wrappers = _functions_in(value)[1:]  # a decorator of the code's, under `lru_cache`
     return [made, _function_bytes(wrapped), *map(_function_bytes, wrappers), *_bound_in(value)]

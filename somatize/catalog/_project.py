@@ -21,6 +21,16 @@ import sysconfig
 from types import ModuleType
 
 
+def main_named(module: str) -> str:
+    """``module``, the name of a module, with the script or notebook that runs named
+    ``__main__`` whatever loaded it: a process ``multiprocessing`` spawns (a DataLoader's
+    worker, a pool's, a ``ddp_spawn`` rank) loads the parent's script as ``__mp_main__``,
+    the same module, whose classes and functions are the same code."""
+    if module == "__mp_main__" or module.startswith("__mp_main__."):
+        return "__main__" + module[len("__mp_main__") :]
+    return module
+
+
 def project_of(top: str) -> str | None:
     """The folder the top-level module or package ``top`` (as imported now) was found in,
     where that is a folder of the user's code; None where it is not imported, has no file,
@@ -28,7 +38,7 @@ def project_of(top: str) -> str | None:
     module = sys.modules.get(top)
     if module is None:
         return None
-    if top == "__main__":
+    if main_named(top) == "__main__":
         return _main_folder(module)
     return _folder_of(module)
 

@@ -16,6 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
+from somatize.catalog._project import main_named
 from somatize.errors import SomatizeError
 
 if TYPE_CHECKING:
@@ -30,9 +31,10 @@ def identity_of(kind: type) -> str | None:
     """``module:qualname`` of ``kind``, or None when the name would not lead back to it.
 
     A class defined in ``__main__`` has an identity (a notebook's nodes are keyed
-    like any other); one defined inside a function does not, since every call
-    makes another class under the same name; nor does any class its module does not
-    hold under its name — one made by ``type(...)`` in a function (a factory's
+    like any other), the same in a process ``multiprocessing`` spawns, which loads the
+    script as ``__mp_main__`` (:func:`main_named`); one defined inside a function does
+    not, since every call makes another class under the same name; nor does any class
+    its module does not hold under its name — one made by ``type(...)`` in a function (a factory's
     ``type("Add", (Node,), {"k": k, "forward": ...})``), whose values (what it holds,
     what its methods close over) are in no key and differ from call to call. (A class
     its module holds, given a function later — a method patched in — keeps its name.)
@@ -45,7 +47,7 @@ def identity_of(kind: type) -> str | None:
         return None
     if not _held_under_its_name(kind):
         return None
-    return f"{kind.__module__}:{qualname}"
+    return f"{main_named(kind.__module__)}:{qualname}"
 
 
 def nameless_because(kind: type) -> tuple[str, str]:
