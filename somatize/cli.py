@@ -23,8 +23,11 @@ SIGPIPE, and 130, with a line saying so, when it was interrupted (Ctrl-C).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import re
+import shlex
 import sys
 import time
 from collections.abc import Iterable, Sequence
@@ -379,7 +382,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--store",
-        default=os.environ.get("SOMATIZE_STORE") or "store",  # set empty: as if unset
+        default=None,  # not named: told apart from a store named, then filled in below
         help="a directory or a bucket URL (default: $SOMATIZE_STORE or ./store)",
     )
     common.add_argument("--no-progress", action="store_true", help="never draw a progress bar")
@@ -394,9 +397,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     verify.add_argument("--quarantine", action="store_true", help="move what is damaged aside")
     show = commands.add_parser("show", parents=[common], help="what is kept under a key or name")
     show.add_argument("key", help="an answer key, a pack id, a blob digest, or a name")
-    args, extra = parser.parse_known_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(words)
     if extra:
-        return _refuse_extra(args.command, extra)
+        return _refuse_extra(parser, words, args, extra)
+    if args.store is None:
+        args.store = os.environ.get("SOMATIZE_STORE") or "store"  # set empty: as if unset
     out = sys.stdout
     if out is None:  # started with its output closed (`>&-`): nothing could be said
         print(
@@ -425,17 +431,61 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def _refuse_extra(command: str, extra: list[str]) -> int:
-    """Says what the command line had that ``command`` takes none of; one word that is no
-    option is most often the store, named as ``du`` would take it."""
+def _refuse_extra(
+    parser: argparse.ArgumentParser, words: list[str], args: argparse.Namespace, extra: list[str]
+) -> int:
+    """Says what the command line (``words``) had that ``args.command`` takes none of; one
+    word that is no option is most often the store, named as ``du`` would take it: the
+    command line to run is said, the word given to --store and the rest kept as it was."""
+    command = args.command
     said = f"somatize store {command}: unrecognized arguments: {' '.join(extra)}"
-    if len(extra) == 1 and not extra[0].startswith("-"):
+    named = _store_named(parser, words, extra[0]) if len(extra) == 1 else None
+    if named is not None:
         said += (
-            f"; a store is named with --store (or $SOMATIZE_STORE): `somatize store {command} "
-            f"--store {extra[0]}`"
+            "; a store is named with --store (or $SOMATIZE_STORE): "
+            f"`{shlex.join(['somatize', *named])}`"
         )
     print(_printable(said), file=sys.stderr)
     return 2
+
+
+def _store_named(parser: argparse.ArgumentParser, words: list[str], word: str) -> list[str] | None:
+    """``words`` with ``word``, left over by the parse, given to --store right after the
+    command, where that is what the rest of them take (the word that was left over, of
+    those equal to it, is the one whose move parses); None where ``word`` is an option or
+    the store is named already."""
+    if word.startswith("-"):
+        return None
+    area = words.index("store") if "store" in words else len(words)
+    at = next((i for i in range(area + 1, len(words)) if words[i] in _COMMANDS), None)
+    if at is None:
+        return None
+    for i in reversed(range(at + 1, len(words))):
+        if words[i] != word:
+            continue
+        rest = words[:i] + words[i + 1 :]
+        given = _parsed(parser, rest)
+        if given is None or given[1] or given[0].store is not None:
+            continue  # no parse, or one with the store named already
+        named = [*words[: at + 1], "--store", word, *words[at + 1 : i], *words[i + 1 :]]
+        moved = _parsed(parser, named)
+        if moved is not None and not moved[1] and moved[0].store == word:
+            return named
+    return None
+
+
+_COMMANDS = ("ls", "du", "gc", "verify", "show")
+
+
+def _parsed(
+    parser: argparse.ArgumentParser, words: list[str]
+) -> tuple[argparse.Namespace, list[str]] | None:
+    """``words`` parsed, saying nothing; None where argparse refuses them."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return parser.parse_known_args(words)
+        except SystemExit:
+            return None
 
 
 def _stop_writing(out: Any) -> None:

@@ -6,6 +6,7 @@ import builtins
 import errno
 import io
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -162,9 +163,43 @@ def test_a_store_named_without_store_says_to_name_it_so(
     assert main(["store", *command, where]) == 2
     said = capsys.readouterr().err
     assert f"unrecognized arguments: {where}; a store is named with --store" in said, said
-    assert f"`somatize store {command[0]} --store {where}`" in said, said
+    run = shlex.join(["somatize", "store", command[0], "--store", where, *command[1:]])
+    assert f"`{run}`" in said, said
     assert main(["store", *command, "--bogus", "--store", where]) == 2
     assert capsys.readouterr().err.endswith("unrecognized arguments: --bogus\n")
+
+
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["show", "sms/train", "{where}"], "show --store {where} sms/train"),
+        (["gc", "{where}", "--max-bytes", "1K"], "gc --store {where} --max-bytes 1K"),
+        (["gc", "1K", "--max-bytes", "1K"], "gc --store 1K --max-bytes 1K"),
+        (["verify", "{where}", "--quarantine"], "verify --store {where} --quarantine"),
+    ],
+)
+def test_the_command_said_for_a_store_named_as_a_word_keeps_the_rest(
+    tmp_path: Path, command: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The command line said to run, for a store named as a word, is the one given with
+    that word handed to --store: the key `show` takes, a gc's limit, verify's quarantine
+    are kept, where leaving them out would show nothing, or gc or verify otherwise than
+    asked."""
+    where = str(_store(tmp_path).root)
+    words = [word.format(where=where) for word in command]
+    assert main(["store", *words]) == 2
+    run = shlex.join(["somatize", "store", *said.format(where=where).split(" ")])
+    assert capsys.readouterr().err.endswith(f"`{run}`\n")
+
+
+def test_a_word_beside_a_store_named_is_not_said_to_be_the_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A word left over where --store names the store already is said to be unrecognized
+    alone: it is not the store, and a command naming it as one would open another."""
+    where = str(_store(tmp_path).root)
+    assert main(["store", "ls", "--store", where, "features"]) == 2
+    assert capsys.readouterr().err.endswith("unrecognized arguments: features\n")
 
 
 @pytest.mark.parametrize("command", [["ls"], ["du"], ["gc"], ["verify"], ["show", "sms/train"]])
