@@ -259,3 +259,18 @@ def test_an_emptied_store_of_an_earlier_somatize_is_read_but_not_collected(
     (root / MARKER).write_bytes(b"")
     assert store.gc(grace=0).blobs == 0
     assert main(["store", "gc", "--store", str(root)]) == 0
+
+
+def test_a_quarantine_that_is_no_bool_is_refused_as_such_before_the_marker_is_looked_at(
+    tmp_path: Path,
+) -> None:
+    """verify(quarantine="no") is refused for its argument where the store bears no marker
+    too (an earlier somatize's store emptied by its upkeep), rather than as a store whose
+    damaged files would be moved aside, which nobody asked; nothing is made there."""
+    root = tmp_path / "old"
+    (root / "quarantine" / "names").mkdir(parents=True)
+    (root / "quarantine" / "names" / "ds").write_bytes(b"garbled")
+    store = LocalStore(root)
+    with pytest.raises(TypeError, match=r"quarantine= is True or False, got 'no'"):
+        store.verify(quarantine="no")  # type: ignore[arg-type]
+    assert sorted(p.name for p in root.iterdir()) == ["quarantine"]

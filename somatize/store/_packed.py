@@ -1316,6 +1316,9 @@ class PackedHome(Spills, Store):
         """What a home does after a collection (a bucket tidies its cache and its logs)."""
 
     def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:
+        # "no" would move what is damaged aside; refused before the store is marked.
+        if not isinstance(quarantine, bool):
+            raise TypeError(f"quarantine= is True or False, got {quarantine!r}")
         if quarantine:
             self._refuse_unmarked("move damaged files aside in")
         return check(self, quarantine, progress)

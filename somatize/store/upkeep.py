@@ -722,8 +722,6 @@ class Verified:
 
 def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> Verified:
     """Re-hashes every blob, reads every record, index and name; see the module docstring."""
-    if not isinstance(quarantine, bool):  # "no" would move what is damaged aside
-        raise TypeError(f"quarantine= is True or False, got {quarantine!r}")
     wrap = progress or _quiet
     out = Verified()
     read = _read_all(shelf, wrap)  # first: a wrong key is refused before anything moves
