@@ -148,6 +148,12 @@ def not_a_loader(loader: object, where: str) -> TypeError | None:
     return None
 
 
+def check_flag(value: object, name: str) -> None:
+    """Refuses a setting ``name`` that is no bool: "no", read from a config, would be true."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name}= is True or False, got {value!r}")
+
+
 def check_callable(value: object, name: str, example: str) -> None:
     """Refuses a setting `name` that is neither None nor a function of each loader item."""
     if value is not None and not callable(value):
@@ -187,8 +193,7 @@ def prefill(
     check_loader(loader, "prefill(cached, loader)")
     check_callable(inputs, "inputs", "`lambda item: item[0]`")
     check_callable(convert, "convert", "`lambda item: item.half()`")
-    if not isinstance(progress, bool):
-        raise TypeError(f"progress= is True or False, got {progress!r}")
+    check_flag(progress, "progress")
     # Rows computed before, still on their way to the store, are written first: its
     # flush at the end would write them too, and count them as kept by the prefill.
     cached.flush()

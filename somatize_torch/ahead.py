@@ -113,7 +113,7 @@ from somatize_torch._ahead_passes import (
     _Stamp,
     _tensors,
 )
-from somatize_torch._prefill import check_callable, check_loader
+from somatize_torch._prefill import check_callable, check_flag, check_loader
 from somatize_torch.rows import CachedRows, batch_at
 
 __all__ = ["Ahead", "ahead"]
@@ -178,8 +178,7 @@ class Ahead(Generic[T]):
             raise ValueError(f"depth= is how many batches to fetch ahead, 1 or more; got {depth!r}")
         check_loader(loader, "ahead(loader, ...)")
         check_callable(inputs, "inputs", "`lambda item: item[0]`")
-        if not isinstance(check_draws, bool):
-            raise TypeError(f"check_draws= is True or False, got {check_draws!r}")
+        check_flag(check_draws, "check_draws")
         self.loader = loader
         self.caches = list(caches)
         self.inputs = inputs

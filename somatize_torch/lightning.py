@@ -117,6 +117,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from somatize import Store
+from somatize_torch._prefill import check_callable, check_flag, check_loader
 from somatize_torch.ahead import Ahead
 from somatize_torch.freeze import refuse_tied
 from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, check_options
@@ -330,6 +331,11 @@ class CacheFrozen(Callback):
         whose sample 0 is not the training loader's.
         Under DDP each rank runs its share of the batches. ``progress`` shows a bar
         (on rank 0)."""
+        # Refused when asked, not once fitting starts (nor let through under DDP, where
+        # each rank's share of the loader is a generator of its items).
+        check_loader(dataloader, "cache.prefill(dataloader)")
+        check_callable(inputs, "inputs", "`lambda item: item[0]`")
+        check_flag(progress, "progress")
         module = prefill_module(self.names, module)
         keyed_as = prefill_keyed_as(stage, dataloader_idx)
         self._prefills.append(PrefillJob(dataloader, module, inputs, progress, keyed_as))

@@ -1005,6 +1005,30 @@ def test_a_prefill_keyed_as_no_stages_loader_is_refused(
         callback.prefill(_indexed(2), **options)
 
 
+@pytest.mark.parametrize(
+    ("loader", "options", "refusal"),
+    [
+        (torch.randn(6, 4), {}, "got a tensor of shape [6, 4]"),
+        (torch.utils.data.TensorDataset(torch.randn(6, 4)), {}, "a dataset"),
+        ([torch.randn(6, 4)], {"progress": "no"}, "progress= is True or False, got 'no'"),
+        ([torch.randn(6, 4)], {"inputs": "x"}, "inputs= is a function of each loader item"),
+    ],
+)
+def test_a_prefill_of_what_is_no_loader_of_batches_is_refused_when_asked(
+    loader: Any, options: dict[str, Any], refusal: str
+) -> None:
+    """cache.prefill of a tensor or a map-style dataset (iterated, rows or samples each
+    taken for a batch), or with a progress= that is no bool or an inputs= that is no
+    function, is refused when it is asked for, as prefill refuses them, naming the call:
+    not once fitting starts, nor let through under DDP, where each rank is handed its
+    share of the loader as a generator of its items and progress= is and-ed with the rank
+    being the first ("no" drew a bar)."""
+    callback = CacheFrozen(None, ["encoder"])
+    with pytest.raises(TypeError, match=re.escape(refusal)):
+        callback.prefill(loader, **options)
+    callback.prefill([torch.randn(6, 4)], progress=False)  # a list of batches is one
+
+
 class IndexedInHooks(Indexed):
     """Calls its encoder by index in its own stage hooks too, as a k-NN monitor takes
     the features of a whole evaluation set, keeping each hook's features."""
