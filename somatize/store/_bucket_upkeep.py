@@ -153,28 +153,52 @@ class BucketShelf(BucketRequests):
         """Puts back each blob a gc stopped between its delete and its put-back (killed,
         or failing) removed and left a copy of in ``tmp/aside/``, where the blob is missing:
         a record published meanwhile may refer to it (one nothing refers to goes again, at
-        a gc after the grace). Removes such copies older than :data:`_ASIDE_GRACE`; how
-        many, and their bytes."""
+        a gc after the grace). A copy is put back only when its bytes hash to the digest it
+        is named after (:meth:`_put_back_copy`). Credentials that may not write put none
+        back. Removes such copies older than :data:`_ASIDE_GRACE`; how many, and their
+        bytes."""
         removed: list[str] = []
         freed = 0
         now = time.time()
+        writable = True
         base = f"{self.root}/tmp/{_ASIDE}/".lstrip("/")
         for path, info in sorted(self._list(f"tmp/{_ASIDE}").items()):
             name = path.lstrip("/")[len(base) :]
             found = _ASIDE_NAME.fullmatch(name)
             if found is None:
                 continue  # none of a gc's: a user's, or another store's under this prefix
-            hexed = found.group(1)
-            blob = self._path("blobs", f"{hexed[:2]}/{hexed}")
+            digest = f"blake3:{found.group(1)}"
+            blob = self._blob_path(digest)
             self.fs.invalidate_cache(blob)
-            if not self._call(f"looking for blob blake3:{hexed}", self.fs.exists, blob):
-                with contextlib.suppress(FileNotFoundError):  # put back by another gc
-                    self._copy(path, blob, f"putting blob blake3:{hexed} back")
+            if writable and not self._call(f"looking for blob {digest}", self.fs.exists, blob):
+                writable = self._put_back_copy(path, blob, digest)
             if now - _mtime(info) > _ASIDE_GRACE:
                 removed.append(self._path("tmp", f"{_ASIDE}/{name}"))
                 freed += int(info.get("size") or 0)
         self._rm(f"removing blobs set aside in tmp/{_ASIDE}/", removed)
         return len(removed), freed
+
+    def _put_back_copy(self, copy: str, blob: str, digest: str) -> bool:
+        """Writes blob ``digest`` at ``blob`` from the bytes of ``copy``, left in
+        ``tmp/aside/``, when they hash to the digest: what is written is what was hashed.
+        One that does not (cut short, or written there by another than a gc) is not the
+        blob's and is left, to go at the grace with the rest. False when these credentials
+        may not write (said at debug level): a gc that may delete but not write collects
+        as it did before it made copies."""
+        data = self._read(copy, f"blob {digest} set aside in tmp/{_ASIDE}/", large=True)
+        if data is None:
+            return True  # removed meanwhile, by the gc that made it or another
+        if hash_bytes(data) != digest:
+            _log.debug("%s: %s does not hash to %s: not put back", self.url, copy, digest)
+            return True
+        try:
+            self._write(blob, [data])
+        except StoreError as why:
+            if not isinstance(why.__cause__, PermissionError):
+                raise
+            _log.debug("%s: blobs set aside cannot be put back (%s)", self.url, why)
+            return False
+        return True
 
     def _sweep(self, entries: list[Entry], referred: Callable[[], set[str] | None]) -> list[Entry]:
         """Each blob is copied aside in ``tmp/aside/`` first, then all are deleted; then
