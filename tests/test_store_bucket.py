@@ -2254,3 +2254,48 @@ def test_a_gc_that_may_delete_but_not_write_collects_beside_copies_left_aside() 
     with enable_iam_authentication():
         assert Store.on_bucket(url, **may_delete).gc(grace=1).blobs == 1
     assert not writer.has_blob(stray)
+
+
+def test_a_recall_while_a_gc_on_file_puts_a_blob_back_never_sees_part_of_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On ``file://``, a gc that puts a blob back (a record published after its delete
+    refers to it) copies it into tmp/ and renames it into place, as every write there
+    goes: a recall while the copy is half done reads the blob whole, the one the keep
+    wrote again. The copy went straight into blobs/, over that blob: the recall read it
+    cut short, moved it to quarantine as damaged (Corrupt), and the answer was lost."""
+    url = f"file://{tmp_path / 'store'}"
+    content = b"an answer whose bytes were put long ago, referred to by nothing" * 64
+    Store.on_bucket(url).put(content)
+    collector = Store.on_bucket(url)
+    _old_to(collector)
+    removing = collector._rm  # type: ignore[attr-defined]
+
+    def rm(what: str, paths: list[str]) -> None:
+        removing(what, paths)
+        if what == "removing blobs":  # a keep after the delete: it writes the blob again
+            Store.on_bucket(url).keep(key_of("answer"), content, "plain")
+
+    collector._rm = rm  # type: ignore[attr-defined]
+    seen: list[bytes | BaseException] = []
+
+    def copyfile(source: str, target: str, **_: Any) -> str:
+        data = Path(source).read_bytes()
+        with open(target, "wb") as out:
+            out.write(data[: len(data) // 2])
+            out.flush()
+            reader = Store.on_bucket(url)
+            try:  # once the keep is out (not as the gc sets the blob aside)
+                if reader.answer(key_of("answer")) is not None:
+                    seen.append(bytes(reader.recall(key_of("answer"))[1]))
+            except (Corrupt, Missing) as why:
+                seen.append(why)
+            out.write(data[len(data) // 2 :])
+        return target
+
+    monkeypatch.setattr(shutil, "copyfile", copyfile)
+    assert collector.gc(max_bytes=0, grace=5).blobs == 0
+    monkeypatch.undo()
+    assert seen and all(got == content for got in seen)
+    assert bytes(Store.on_bucket(url).recall(key_of("answer"))[1]) == content
+    assert Store.on_bucket(url).verify().ok

@@ -258,11 +258,22 @@ class BucketShelf(BucketRequests):
         return out
 
     def _copy(self, source: str, target: str, what: str) -> None:
-        """Copies the object at ``source`` to ``target`` on the server; FileNotFoundError
-        when there is none."""
-        if not self._atomic:  # a plain filesystem copies into a folder that exists
-            self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)
-        self._call(what, self.fs.cp_file, source, target)
+        """Copies the object at ``source`` to ``target`` on the server, whole: a plain
+        filesystem copies into ``tmp/`` and renames, as every write there goes (a copy made
+        in place shows a reader a blob cut short); FileNotFoundError when there is none."""
+        if self._atomic:
+            self._call(what, self.fs.cp_file, source, target)
+        else:
+            with self._in_tmp(".part") as name:
+                part = self._path("tmp", name)
+                self.fs.makedirs(part.rsplit("/", 1)[0], exist_ok=True)
+                try:
+                    self._call(what, self.fs.cp_file, source, part)
+                    self._rename(part, target)
+                except BaseException:
+                    with contextlib.suppress(OSError):  # none made, or tidied by a gc
+                        self._rm_one(part)
+                    raise
         self.fs.invalidate_cache(target)
 
     def _abort_uploads(self, after: float) -> tuple[int, int]:
