@@ -3,6 +3,7 @@ downloads checked against their digest — against S3 on loopback where it matte
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import errno
@@ -2246,14 +2247,14 @@ def test_a_gc_that_may_delete_but_not_write_collects_beside_copies_left_aside() 
     blob back): it failed, refused the put-back, and removed nothing."""
     url = s3_url()
     writer = Store.on_bucket(url, **s3_options())
-    stray = writer.put(b"put, and never bound")
+    strays = [writer.put(f"put, and never bound: {n}".encode()) for n in range(3)]
     content = b"a blob a stopped gc removed, and left a copy of"
     _left_aside(writer, content, content)
     may_delete = user([*READS, "s3:DeleteObject"])
     time.sleep(2.0)
     with enable_iam_authentication():
-        assert Store.on_bucket(url, **may_delete).gc(grace=1).blobs == 1
-    assert not writer.has_blob(stray)
+        assert Store.on_bucket(url, **may_delete).gc(grace=1).blobs == 3
+    assert not any(writer.has_blob(stray) for stray in strays)
 
 
 def test_a_recall_while_a_gc_on_file_puts_a_blob_back_never_sees_part_of_it(
@@ -2299,3 +2300,35 @@ def test_a_recall_while_a_gc_on_file_puts_a_blob_back_never_sees_part_of_it(
     assert seen and all(got == content for got in seen)
     assert bytes(Store.on_bucket(url).recall(key_of("answer"))[1]) == content
     assert Store.on_bucket(url).verify().ok
+
+
+def test_a_gc_on_s3_sets_the_blobs_it_removes_aside_at_once() -> None:
+    """A gc on S3 copies the blobs it removes aside in tmp/aside/ (and back) many at once,
+    one request each, as it reads: a gc of 10,000 small blobs on the loopback server took
+    235 s where it took 15 s before it made copies, one copy (and a look at its size) after
+    another."""
+    url = s3_url()
+    writer = Store.on_bucket(url, **s3_options())
+    strays = [writer.put(f"put, and never bound: {n}".encode()) for n in range(6)]
+    collector = Store.on_bucket(url, **s3_options())
+    assert isinstance(collector, BucketStore)
+    fs = collector.fs
+    real, at_once, most = fs._copy_basic, [0], [0]
+
+    async def copy_basic(source: str, target: str, **kwargs: Any) -> None:
+        at_once[0] += 1
+        most[0] = max(most[0], at_once[0])
+        try:
+            await asyncio.sleep(0.05)  # each copy a round trip still in flight as the next begins
+            await real(source, target, **kwargs)
+        finally:
+            at_once[0] -= 1
+
+    fs._copy_basic = copy_basic
+    try:
+        assert collector.gc(grace=0).blobs == len(strays)
+    finally:
+        del fs._copy_basic
+    assert most[0] == len(strays)
+    assert not any(writer.has_blob(stray) for stray in strays)
+    assert not [path for path in objects(collector) if "/tmp/" in path]

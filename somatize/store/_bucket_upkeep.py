@@ -29,6 +29,7 @@ level, and never fails a recall; a damaged one only loses recency.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -39,7 +40,7 @@ from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
-from somatize.store._bucket_requests import BucketRequests
+from somatize.store._bucket_requests import _READ_AT_ONCE, BucketRequests, _under_copies
 from somatize.store._local_upkeep import _set_times
 from somatize.store._packed import hash_bytes
 from somatize.store.base import (
@@ -228,22 +229,31 @@ class BucketShelf(BucketRequests):
                 self._rm(f"removing blobs set aside in tmp/{_ASIDE}/", list(aside.values()))
             raise
         wanted = referred()
-        back = {name for name in aside if wanted is None or blob_digest(name) in wanted}
-        for name in sorted(back):
+        back = {
+            paths[name]: name for name in aside if wanted is None or blob_digest(name) in wanted
+        }
+        pairs = [(aside[name], path) for path, name in sorted(back.items())]
+        for copy, path in self._copy_all(pairs):
             with contextlib.suppress(FileNotFoundError):  # put back by a gc elsewhere
-                self._copy(aside[name], paths[name], f"putting blob {name} back")
+                self._copy(copy, path, f"putting blob {back[path]} back")
         self._rm(f"removing blobs set aside in tmp/{_ASIDE}/", list(aside.values()))
-        return [entry for entry in entries if entry.name in aside and entry.name not in back]
+        return [e for e in entries if e.name in aside and paths[e.name] not in back]
 
     def _copy_aside(self, paths: dict[str, str]) -> dict[str, str] | None:
         """Copies each blob of ``paths`` (its name in ``blobs/`` → its path) into
         ``tmp/aside/``: name → where its copy is, for those still there; None when these
         credentials may not write (no copy made is left)."""
+        copies = {
+            name: self._path("tmp", f"{_ASIDE}/{name.rsplit('/', 1)[-1]}.{uuid.uuid4().hex}")
+            for name in paths
+        }
+        left = set(self._copy_all([(paths[name], copy) for name, copy in copies.items()]))
         out: dict[str, str] = {}
         for name, path in paths.items():
-            copy = self._path("tmp", f"{_ASIDE}/{name.rsplit('/', 1)[-1]}.{uuid.uuid4().hex}")
+            copy = copies[name]
             try:
-                self._copy(path, copy, f"setting blob {name} aside")
+                if (path, copy) in left:
+                    self._copy(path, copy, f"setting blob {name} aside")
             except FileNotFoundError:
                 continue  # removed meanwhile by a gc elsewhere: not this one's to remove
             except StoreError as why:
@@ -252,10 +262,45 @@ class BucketShelf(BucketRequests):
                 _log.debug(
                     "%s: blobs cannot be set aside before they are removed (%s)", self.url, why
                 )
-                self._rm(f"removing blobs set aside in tmp/{_ASIDE}/", list(out.values()))
+                made = [copies[n] for n in paths if n in out or (paths[n], copies[n]) not in left]
+                self._rm(f"removing blobs set aside in tmp/{_ASIDE}/", made)
                 return None
             out[name] = copy
         return out
+
+    def _copy_all(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Copies each ``(source, target)`` of ``pairs`` on the server, concurrently on an
+        async object store (s3fs), a batch at a time as reads go (:meth:`_cat_each`): a gc
+        of thousands of blobs waits on a round trip a batch, not two a blob. The pairs not
+        copied, whatever the reason (a source gone, a refusal, a moment's failure), which the
+        caller copies again one at a time (:meth:`_copy`) to be told why; elsewhere, all."""
+        fs = _under_copies(self.fs)
+        if not (self._atomic and len(pairs) > 1 and getattr(fs, "async_impl", False)):
+            return list(pairs)
+        from fsspec.asyn import sync
+
+        # On S3 one request a copy: s3fs's cp_file asks each object's size first, to copy
+        # one over 5 GB in parts; such a one fails here, and is copied again so.
+        copy = getattr(fs, "_copy_basic", fs._cp_file)
+
+        async def each(source: str, target: str) -> bool:
+            try:
+                await copy(source, target)
+            except Exception:
+                return False
+            return True
+
+        async def all_of(batch: list[tuple[str, str]]) -> list[bool]:
+            return list(await asyncio.gather(*(each(*pair) for pair in batch)))
+
+        left: list[tuple[str, str]] = []
+        for start in range(0, len(pairs), _READ_AT_ONCE):
+            batch = pairs[start : start + _READ_AT_ONCE]
+            copied = sync(fs.loop, all_of, batch)
+            left += [pair for pair, done in zip(batch, copied, strict=True) if not done]
+        for _, target in pairs:
+            self.fs.invalidate_cache(target)
+        return left
 
     def _copy(self, source: str, target: str, what: str) -> None:
         """Copies the object at ``source`` to ``target`` on the server, whole: a plain
