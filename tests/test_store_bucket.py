@@ -2332,3 +2332,21 @@ def test_a_gc_on_s3_sets_the_blobs_it_removes_aside_at_once() -> None:
     assert most[0] == len(strays)
     assert not any(writer.has_blob(stray) for stray in strays)
     assert not [path for path in objects(collector) if "/tmp/" in path]
+
+
+def test_a_gc_of_a_prefix_that_is_no_store_puts_nothing_back_from_tmp_aside() -> None:
+    """A gc of a prefix that bears no store's marker and holds no store, though it holds a
+    file named as a gc's copy in tmp/aside/, is refused before it changes anything there:
+    it put the blob back into blobs/ (and marked the prefix a store) before it was."""
+    url = s3_url()
+    fs = BucketStore(url, **s3_options()).fs
+    root = url[len("s3://") :]
+    content = b"a user's bytes"
+    fs.pipe_file(f"{root}/tmp/aside/{key_of_bytes(content)[7:]}.{uuid.uuid4().hex}", content)
+    fs.pipe_file(f"{root}/notes.txt", b"a user's file")
+    fs.invalidate_cache()
+    before = sorted(fs.find(root))
+    with pytest.raises(StoreError, match="it holds no store"):
+        Store.on_bucket(url, **s3_options()).gc()
+    fs.invalidate_cache()
+    assert sorted(fs.find(root)) == before

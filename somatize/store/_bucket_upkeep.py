@@ -143,6 +143,9 @@ class BucketShelf(BucketRequests):
         archived = self._in_archive("collect garbage in")
         if archived is not None:
             raise archived
+        # Refused, too, before a blob is put back from tmp/aside/: a prefix that bears no
+        # store's marker may be a user's folder, left as it is.
+        self._refuse_unmarked("collect")
         left, left_bytes = self._put_back_left_aside()
         done = super().gc(max_bytes, grace=grace, progress=progress)
         aborted, freed = self._abort_uploads(max(grace, _UPLOADS_GRACE))
