@@ -138,7 +138,8 @@ def not_a_loader(loader: object, where: str) -> TypeError | None:
         return TypeError(
             f"{where} takes a loader of batches, got a `{type(loader).__name__}`, a dataset: "
             "iterated, it gives one sample at a time, each taken for a batch. Hand it "
-            "`DataLoader(dataset, batch_size=...)`"
+            "`DataLoader(dataset, batch_size=...)`, or `DataLoader(dataset, batch_size=None)` "
+            "where each of its items is a whole batch already"
         )
     if not isinstance(loader, Iterable) and not hasattr(type(loader), "__getitem__"):
         return TypeError(

@@ -4288,9 +4288,20 @@ def test_prefill_refuses_a_tensor_or_a_dataset_for_a_loader(cached: CachedRows) 
         prefill(cached, data, progress=False)
     with pytest.raises(TypeError, match=r"got a `TensorDataset`, a dataset.*DataLoader\(dataset"):
         prefill(cached, TensorDataset(data, torch.arange(6)), progress=False)
+
+    class Batches(torch.utils.data.Dataset[torch.Tensor]):  # each item a whole batch
+        def __len__(self) -> int:
+            return 2
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return data[3 * i : 3 * i + 3]
+
+    with pytest.raises(TypeError, match=r"`Batches`.*batch_size=None\)` where each"):
+        prefill(cached, Batches(), progress=False)
     with pytest.raises(TypeError, match=r"takes a loader of batches .*got a `NoneType`"):
         prefill(cached, None, progress=False)  # type: ignore[arg-type]
     assert cached.stats.rows == 0
+    assert prefill(cached, DataLoader(Batches(), batch_size=None), progress=False).rows == 6
     assert prefill(cached, [data], progress=False).rows == 6
 
 
