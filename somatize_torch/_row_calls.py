@@ -54,14 +54,30 @@ def _named_batch(self: CachedRows, more: dict[str, Any]) -> tuple[Any, dict[str,
 def _input_name(module: torch.nn.Module) -> str | None:
     """The name ``module``'s forward gives its first input, where a call may give it by
     name; None where its signature cannot be read or names none so."""
+    first = _first_input(module)
+    if first is None or first.kind not in (first.POSITIONAL_OR_KEYWORD, first.KEYWORD_ONLY):
+        return None
+    return first.name
+
+
+def _first_input(module: torch.nn.Module) -> inspect.Parameter | None:
+    """The first parameter of ``module``'s forward; None where it has none, or its
+    signature cannot be read."""
     try:
         parameters = inspect.signature(module.forward).parameters.values()
     except (TypeError, ValueError):
         return None
-    first = next(iter(parameters), None)
-    if first is None or first.kind not in (first.POSITIONAL_OR_KEYWORD, first.KEYWORD_ONLY):
-        return None
-    return first.name
+    return next(iter(parameters), None)
+
+
+def _run(module: torch.nn.Module, x: torch.Tensor) -> Any:
+    """``module``'s answer on the batch ``x``: handed by place, or by name where its forward
+    takes its input by name only (``forward(self, *, pixel_values)``), which a batch
+    handed by place would not reach."""
+    first = _first_input(module)
+    if first is not None and first.kind is first.KEYWORD_ONLY:
+        return module(**{first.name: x})
+    return module(x)
 
 
 def _check_call(

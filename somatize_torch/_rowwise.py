@@ -31,6 +31,7 @@ import torch
 from somatize.errors import SomatizeError
 from somatize_torch._errors import CachedInputNeedsGrad
 from somatize_torch._precision import float32_precision, reduced
+from somatize_torch._row_calls import _run
 from somatize_torch._row_errors import NotRowwise, RowsError, _describe
 from somatize_torch._row_keys import _floating_dtypes, _Keying, code_moved, given_holds
 from somatize_torch._state import StateWatch
@@ -150,7 +151,7 @@ def _answer(
     copy taken before the run."""
     version = None if rows.is_inference() else rows._version
     with torch.no_grad():
-        out = self.module(rows)
+        out = _run(self.module, rows)
     if version is not None:
         written = rows._version != version
     elif ends is not None:

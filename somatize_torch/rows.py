@@ -86,7 +86,7 @@ from somatize_torch._modes import marked_as_needed, outside_compiled
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
 from somatize_torch._row_ahead import _name_ahead
-from somatize_torch._row_calls import _check_call, _named_batch
+from somatize_torch._row_calls import _check_call, _named_batch, _run
 from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError
 from somatize_torch._row_keys import (
     _LAST_CONVERSION,
@@ -509,7 +509,7 @@ class CachedRows(nn.Module):
             dtype = _deferred_row(self, x)[0]
             loaded = x.load()
             x = loaded if loaded.dtype == dtype else loaded.to(dtype)
-        out: torch.Tensor = self.module(x)
+        out: torch.Tensor = _run(self.module, x)
         return out
 
     def digest_at_next_call(self) -> None:

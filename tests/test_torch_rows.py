@@ -1280,6 +1280,37 @@ def test_the_batch_goes_by_the_name_the_modules_forward_gives_it(store: Store) -
     cached.close()
 
 
+class Pixels(nn.Module):
+    """An image encoder whose forward takes its input by name only."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 4)
+
+    def forward(self, *, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.linear(pixel_values)
+
+
+def test_a_module_taking_its_input_by_name_only_is_handed_its_batch_by_name(
+    store: Store,
+) -> None:
+    """A module whose forward takes its input by name only (``forward(self, *,
+    pixel_values)``), called by that name, is handed its batch by it — in the batch, the
+    rows run alone to look for mixing and the rows computed beside recalled ones — and
+    answers as itself, where every call failed with a TypeError from its forward."""
+    torch.manual_seed(0)
+    module = Pixels().eval()
+    x = torch.randn(6, 8)
+    cached = cache_rows(module, store)
+    with torch.no_grad():
+        want = module(pixel_values=x)
+    assert torch.equal(cached(pixel_values=x[:4]), want[:4])
+    assert torch.equal(cached(pixel_values=x), want)
+    assert cached.stats.computed == 6 and cached.stats.recalled == 4
+    assert torch.equal(cached(x), want)  # by place too, as prefill hands it
+    cached.close()
+
+
 def test_a_second_positional_argument_is_refused_not_taken_for_the_index(
     cached: CachedRows,
 ) -> None:
