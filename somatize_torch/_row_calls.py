@@ -7,7 +7,8 @@ module: an argument beside the batch (``encoder(x, mask)``, ``encoder(x, scale=2
 would be in no key, and answers computed with one value of it would be recalled for
 another. :func:`_check_call` refuses one before anything is looked up, saying what to
 do instead. It refuses as well a call that does not fit how rows are keyed: ``index=``
-to a cache keyed by content (it would be ignored), a batch from
+to a cache keyed by content (it would be ignored), or to a module whose forward takes
+``index`` itself (it would answer without it), a batch from
 :class:`~somatize_torch.deferred.Deferred` to one keyed by content (such a batch names
 its rows by index and loads inputs only for those computed) or with ``index=`` beside
 it (it carries its own), and anything but a batch tensor — a subclass of
@@ -70,6 +71,16 @@ def _first_input(module: torch.nn.Module) -> inspect.Parameter | None:
     return next(iter(parameters), None)
 
 
+def _takes_index(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s forward takes an argument named ``index`` itself."""
+    try:
+        parameters = inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
+    taken = parameters.get("index")
+    return taken is not None and taken.kind in (taken.POSITIONAL_OR_KEYWORD, taken.KEYWORD_ONLY)
+
+
 def _run(module: torch.nn.Module, x: torch.Tensor) -> Any:
     """``module``'s answer on the batch ``x``: handed by place, or by name where its forward
     takes its input by name only (``forward(self, *, pixel_values)``), which a batch
@@ -107,6 +118,15 @@ def _check_call(
             "called with index=: each row is named by the digest of its input, so an index "
             "would be ignored. Call it as `cached(x)`, or key rows by sample index "
             "(cache_rows(module, store, key='index', version=...)) to name them by it"
+        )
+    if index is not None and _takes_index(self.module):
+        raise RowsError(
+            f"`{type(self.module).__name__}` is cached per row keyed by index and was called "
+            "with index=, which its forward takes too: the cache takes it as the rows' "
+            "sample indices and hands the module its batch alone, so the module would "
+            "answer every row as if no index were given, and not as it answers the call "
+            "uncached. Have what reads the index done outside the module cached (cache a "
+            "part that takes its input alone), or call the module itself"
         )
     if isinstance(x, DeferredRows):
         if self.key_mode != "index":

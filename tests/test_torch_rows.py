@@ -1311,6 +1311,39 @@ def test_a_module_taking_its_input_by_name_only_is_handed_its_batch_by_name(
     cached.close()
 
 
+class PerSample(nn.Module):
+    """A frozen encoder whose forward takes its samples' indices itself (a table of one
+    learned vector per sample, added to each row's features)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 4)
+        self.table = nn.Embedding(16, 4)
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        h: torch.Tensor = self.linear(x)
+        return h if index is None else h + self.table(index)
+
+
+def test_an_index_the_modules_own_forward_takes_is_refused(store: Store) -> None:
+    """``cached(x, index=idx)`` keyed by index, of a module whose forward takes ``index``
+    itself, is refused (RowsError) before anything is computed or kept: the cache takes
+    the indices as the rows' keys and hands the module its batch alone, so every row was
+    answered as without an index, not as ``module(x, index=idx)`` answers it. Called
+    without one, it answers as the module does."""
+    torch.manual_seed(0)
+    module = PerSample().eval()
+    x, index = torch.randn(5, 4), torch.tensor([3, 7, 1, 9, 2])
+    cached = cache_rows(module, store, key="index", version="toy@1")
+    with pytest.raises(RowsError, match="called with index=, which its forward takes too"):
+        cached(x, index=index)
+    assert cached.stats.rows == 0
+    keyed_by_content = cache_rows(module, store)
+    assert torch.equal(keyed_by_content(x), expected(module, x))
+    cached.close()
+    keyed_by_content.close()
+
+
 def test_a_second_positional_argument_is_refused_not_taken_for_the_index(
     cached: CachedRows,
 ) -> None:
