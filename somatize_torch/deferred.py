@@ -242,7 +242,7 @@ class Deferred(Dataset[Any]):
         if isinstance(inputs, torch.Tensor):
             batch = inputs[torch.tensor(indices, dtype=torch.long)]
         else:
-            batch = default_collate([inputs[i] for i in indices])
+            batch = _stacked([inputs[i] for i in indices], indices)
         return self.check(batch, indices)
 
     def check(self, batch: Any, indices: Sequence[int]) -> torch.Tensor:
@@ -458,10 +458,31 @@ def _collate(batch: list[Row], *, collate_fn_map: Any = None) -> DeferredRows:
         )
     index = torch.tensor([row.index for row in batch], dtype=torch.long)
     given_at = [p for p, row in enumerate(batch) if row.value is not None]
-    given = default_collate([batch[p].value for p in given_at]) if given_at else None
+    values = [batch[p].value for p in given_at]
+    given = _stacked(values, [batch[p].index for p in given_at]) if given_at else None
     first = batch[0]
     cpu = torch.device("cpu")
     return DeferredRows(source, index, first.version, cpu, given, given_at, first.generation)
+
+
+def _stacked(values: list[Any], indices: Sequence[int]) -> Any:
+    """``values``, the inputs of samples ``indices``, collated into one batch; tensors of
+    other shapes or dtypes among them (sequences of varying length) are refused, naming
+    the samples, where the default collate would fail with torch's own error."""
+    kinds: dict[tuple[torch.dtype, torch.Size], int] = {}
+    for value, index in zip(values, indices, strict=True):
+        if isinstance(value, torch.Tensor):
+            kinds.setdefault((value.dtype, value.shape), index)
+    if len(kinds) > 1:
+        said = ", ".join(f"sample {i} is {d} {list(s)}" for (d, s), i in list(kinds.items())[:3])
+        raise NotLoadable(
+            f"inputs of one Deferred are rows of one dtype and shape, stacked into one batch: "
+            f"{said}. A row is keyed by its index and the shape of its input, so pad (or "
+            "crop) each sample's input to one shape where the Deferred reads it (token ids "
+            "to a fixed length), or, without a Deferred, pad each batch in the loader's "
+            "`collate_fn` and call the cache with `index=`"
+        )
+    return default_collate(values)
 
 
 def _named(version: str | None) -> str:

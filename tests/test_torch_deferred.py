@@ -533,6 +533,23 @@ def test_an_input_unlike_the_first_is_refused(tmp_path: Path) -> None:
     assert cached.stats.rows_kept == 8
 
 
+def test_inputs_of_varying_shape_in_one_batch_are_refused_naming_them(tmp_path: Path) -> None:
+    """Inputs of one Deferred of varying shapes in one batch (token ids of varying length)
+    are refused, naming the samples and saying to pad them, as a DataLoader collates them
+    and as a cache loads them, where both failed with torch's own "stack expects each
+    tensor to be equal size"; nothing is computed for them."""
+    texts = [torch.arange(1, n + 1) for n in (3, 5, 3, 4)]
+    data = Deferred(texts, version="texts@1")
+    said = r"sample 0 is torch.int64 \[3\], sample 1 is torch.int64 \[5\].*pad"
+    with pytest.raises(NotLoadable, match=said):
+        next(iter(DataLoader(data, batch_size=4)))
+    cached = cache_rows(nn.Embedding(8, 2), tmp_path, key="index")
+    with pytest.raises(NotLoadable, match=said):
+        cached(DeferredRows(data.name, torch.arange(4), "texts@1", torch.device("cpu")))
+    assert cached.stats.computed == 0
+    cached.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_rows_moved_to_the_gpu_load_and_stay_there(tmp_path: Path) -> None:
