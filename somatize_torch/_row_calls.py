@@ -72,13 +72,16 @@ def _first_input(module: torch.nn.Module) -> inspect.Parameter | None:
 
 
 def _takes_index(module: torch.nn.Module) -> bool:
-    """Whether ``module``'s forward takes an argument named ``index`` itself."""
+    """Whether ``module``'s forward takes an argument named ``index`` beside its input
+    (named so as its input, ``forward(self, index)``, it is handed the batch there)."""
     try:
-        parameters = inspect.signature(module.forward).parameters
+        parameters = list(inspect.signature(module.forward).parameters.values())
     except (TypeError, ValueError):
         return False
-    taken = parameters.get("index")
-    return taken is not None and taken.kind in (taken.POSITIONAL_OR_KEYWORD, taken.KEYWORD_ONLY)
+    return any(
+        p.name == "index" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        for p in parameters[1:]
+    )
 
 
 def _run(module: torch.nn.Module, x: torch.Tensor) -> Any:

@@ -1329,8 +1329,9 @@ def test_an_index_the_modules_own_forward_takes_is_refused(store: Store) -> None
     """``cached(x, index=idx)`` keyed by index, of a module whose forward takes ``index``
     itself, is refused (RowsError) before anything is computed or kept: the cache takes
     the indices as the rows' keys and hands the module its batch alone, so every row was
-    answered as without an index, not as ``module(x, index=idx)`` answers it. Called
-    without one, it answers as the module does."""
+    answered as without an index, not as ``module(x, index=idx)`` answers it. Keyed by
+    content, it answers as the module does; a module whose input itself is named
+    ``index`` is handed the batch there."""
     torch.manual_seed(0)
     module = PerSample().eval()
     x, index = torch.randn(5, 4), torch.tensor([3, 7, 1, 9, 2])
@@ -1342,6 +1343,23 @@ def test_an_index_the_modules_own_forward_takes_is_refused(store: Store) -> None
     assert torch.equal(keyed_by_content(x), expected(module, x))
     cached.close()
     keyed_by_content.close()
+    lookup = Lookup()
+    ids = torch.tensor([[1, 2], [3, 4]])
+    by_index = cache_rows(lookup, store, key="index", version="toy@1")
+    assert torch.equal(by_index(ids, index=torch.arange(2)), expected(lookup, ids))
+    by_index.close()
+
+
+class Lookup(nn.Module):
+    """A frozen table whose forward names its input, the batch, ``index``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = nn.Embedding(8, 2)
+
+    def forward(self, index: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.table(index)
+        return out
 
 
 def test_a_second_positional_argument_is_refused_not_taken_for_the_index(
