@@ -1393,11 +1393,12 @@ _EVERYWHERE = """
 import dataclasses
 import os
 import re
+import time
 from somatize import Node
 
 LETTERS = frozenset({"a", "b", "c", "d"})
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEVICE = "cuda" if os.environ.get("ON_A_GPU") else "cpu"
+STARTED = time.time()
 
 def kept(xs):
     return [x for x in xs if x not in LETTERS]
@@ -1408,7 +1409,7 @@ class Base(Node):
     root = os.path.expanduser("~")
 
     def forward(self, xs, ctx):
-        assert HERE and DEVICE and self.root
+        assert HERE and STARTED and self.root
         return sum(len(x) for x in kept(xs)) * self.scale
 
 @dataclasses.dataclass
@@ -2109,16 +2110,17 @@ def test_a_computed_value_set_over_after_its_text_was_read_is_named_by_what_it_h
 
 def test_a_fingerprint_is_the_same_in_every_process(tmp_path: Path) -> None:
     """A class, what it inherits and what it names, read from its file, has one fingerprint
-    in every process running that code — wherever the file is, whatever the environment
-    makes of the values its module computes as it loads (a path, a device read from the
-    environment), which are named by how they are computed."""
+    in every process running that code — wherever the file is, whatever the values its
+    module computes as it loads that say where the code is or when it runs (the folder of
+    its file, the home folder, the time it started), which are named by how they are
+    computed."""
     found = set()
-    for seed, where, gpu in (("1", "here", ""), ("2", "there", "1")):
+    for seed, where in (("1", "here"), ("2", "there")):
         path = tmp_path / where / "everywhere.py"
         path.parent.mkdir()
         _write(path, _EVERYWHERE)
         home = str(tmp_path / where)
-        found.add(_printed([str(path)], PYTHONHASHSEED=seed, ON_A_GPU=gpu, HOME=home).strip())
+        found.add(_printed([str(path)], PYTHONHASHSEED=seed, HOME=home).strip())
     assert len(found) == 1 and found.pop().startswith("sha256:")
 
 
@@ -7308,3 +7310,168 @@ def test_an_object_a_forward_sets_on_its_class_lazily_is_its_state(tmp_path: Pat
     store = str(tmp_path / "store")
     assert _printed(["-c", script, store], tmp_path).splitlines() == ["ran kept", "recalled"]
     assert _printed(["-c", script, store], tmp_path).splitlines() == ["recalled", "recalled"]
+
+
+_READ_AS_IT_LOADS = """
+import os
+import time
+
+import torch.nn.functional as F
+from torch import nn
+
+from somatize import Node
+
+K = int(os.environ.get("SOMATIZE_TEST_K", "2"))
+STARTED = time.time()
+PID = os.getpid()
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Times(Node):
+    def forward(self, x, ctx):
+        assert STARTED and PID and HERE
+        return x * K
+
+
+class Encoder(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+
+    def forward(self, x):
+        assert STARTED and PID and HERE
+        return F.relu(self.linear(x)) * K
+
+
+class Activated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(4, 3)
+        self.act = nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.linear(x))
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = Encoder()
+        self.head = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.head(self.encoder(x))
+"""
+
+
+_RUN_READ_AS_IT_LOADS = """
+import sys
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+import somatize.torch
+from somatize import Drifted, Graph
+
+how, store, relu = sys.argv[1:]
+if relu == "sigmoid":
+    F.relu = lambda x, inplace=False: torch.sigmoid(x)
+from loaded.nodes import Activated, Encoder, Model, Times
+
+torch.manual_seed(0)
+x = torch.linspace(-2, 2, 8).reshape(2, 4)
+with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+    warnings.simplefilter("always")
+    if how == "node":
+        out = Graph.somatize(Times().named("times").frozen().cached()).forward(3, store=store)
+    elif how == "wrap":
+        wrapped = somatize.torch.wrap(Model(), frozen=["encoder"], cached=["encoder"], store=store)
+        somatize.torch.freeze(wrapped)
+        out = wrapped(x).sum().item()
+    else:
+        module = Activated() if how == "rows-nn" else Encoder()
+        cached = somatize.torch.cache_rows(module, store=store)
+        out = cached(x).sum().item()
+        cached.flush()
+drifted = any(isinstance(w.message, Drifted) for w in caught)
+print(round(float(out), 4), "drifted" if drifted else "as-kept")
+"""
+
+
+def _run_read_as_it_loads(
+    root: Path, how: str, store: Path, relu: str = "relu", k: str = "2"
+) -> list[str]:
+    """What the script above prints, run in a new process on ``how`` (a graph node, a wrapped
+    model's cached part, a row cache of a model calling ``F.relu`` or one holding
+    ``nn.ReLU``) against ``store``, with ``F.relu`` replaced where ``relu`` says so and
+    ``SOMATIZE_TEST_K`` set to ``k``."""
+    script = root / "run_read_as_it_loads.py"
+    if not script.exists():
+        _write(script, _RUN_READ_AS_IT_LOADS)
+    return _printed([str(script), how, str(store), relu], root, SOMATIZE_TEST_K=k).split()
+
+
+@pytest.mark.parametrize("how", ["node", "wrap", "rows"])
+def test_a_constant_the_module_reads_from_the_environment_as_it_loads_is_in_the_fingerprint(
+    how: str, tmp_path: Path
+) -> None:
+    """A plain value a node's module computes from the environment as it loads (``K =
+    int(os.environ.get("K", "2"))``), run again in a new process where the environment makes
+    another value of it, recalls the answer kept with the old value as drifted, never
+    silently: for a graph's node, a wrapped model's cached part and a row cache alike. The
+    values that say when and where it runs (the time it started, its process id, the folder
+    of its file) are named by how they are computed: a run with the same ``K`` recalls it
+    as kept."""
+    _package(tmp_path, "loaded", nodes=_READ_AS_IT_LOADS)
+    store = tmp_path / "store"
+    first = _run_read_as_it_loads(tmp_path, how, store)
+    assert first[1] == "as-kept"
+    assert _run_read_as_it_loads(tmp_path, how, store) == first
+    again = _run_read_as_it_loads(tmp_path, how, store, k="3")
+    assert again == [first[0], "drifted"]
+
+
+_READ_FROM_A_FILE = """
+import os
+import pathlib
+
+from somatize import Node
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WIDTH = int(pathlib.Path(HERE, "width.txt").read_text())
+NAME = pathlib.Path(HERE, "name.txt").read_text().strip()
+LONG = "x" * int(pathlib.Path(HERE, "long.txt").read_text())
+
+class Sized(Node):
+    def forward(self, x, ctx):
+        assert HERE
+        return (x * WIDTH, NAME, len(LONG))
+"""
+
+
+def test_a_value_the_module_reads_from_a_file_as_it_loads_is_named_by_what_it_holds(
+    tmp_path: Path,
+) -> None:
+    """A number or a text a node's module reads from a file beside it as it loads is named by
+    what it holds (a long text by its digest): another in the file is another fingerprint
+    in a new process, the same is the same — while the folder the module is in, from which
+    it found the file, is no part of it."""
+    package = _package(tmp_path, "filed", nodes=_READ_FROM_A_FILE)
+    for name, text in (("width", "2"), ("name", "a"), ("long", "100000")):
+        (package / f"{name}.txt").write_text(text)
+    first = _fingerprints_in(tmp_path, "filed.nodes", "Sized")
+    assert _fingerprints_in(tmp_path, "filed.nodes", "Sized") == first
+    seen = {first[0]}
+    for name, text in (("width", "3"), ("name", "b"), ("long", "100001")):
+        was = (package / f"{name}.txt").read_text()
+        (package / f"{name}.txt").write_text(text)
+        now = _fingerprints_in(tmp_path, "filed.nodes", "Sized")
+        assert now[0] not in seen
+        seen.add(now[0])
+        (package / f"{name}.txt").write_text(was)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    moved = package.rename(elsewhere / "filed")
+    assert moved.exists()
+    assert _fingerprints_in(elsewhere, "filed.nodes", "Sized") == first

@@ -229,7 +229,8 @@ def _assigned(body: list[ast.stmt] | None, name: str, value: Any) -> bytes | Non
     the same in every process; one computed as the module loads (``HERE =
     os.path.dirname(__file__)``, a value read from the environment) by how it is
     computed, and how the names it reads there are (:func:`_made_by`), the same wherever
-    the code is, whatever it makes there. None where
+    the code is, whatever it makes there (:func:`_assigned_now` adds what a plain one
+    holds, where it is not of the run). None where
     nothing in ``body`` assigns it (it came from elsewhere), or ``body`` is not known."""
     made = _assignment(body, name)
     if made is None:
@@ -245,15 +246,129 @@ def _assigned_now(owner: Any, body: list[ast.stmt] | None, name: str, value: Any
     """:func:`_assigned`, and where ``value`` is computed as the module or class ``owner``
     loads but is not what ``owner`` held under ``name`` when first seen (set by hand since:
     ``mod.SCALE = 3.0``, a test's monkeypatch), the value it holds too: how the text computes
-    it no longer says it."""
+    it no longer says it. So too where it is a plain value not of the run
+    (:func:`_of_the_run`): one read from the environment or a file (``K =
+    int(os.environ["K"])``) is another answer where it holds another value; ``owner`` None
+    (state the code moves as it runs) is taken by its text alone."""
     assigned = _assigned(body, name, value)
-    if (
-        assigned is not None
-        and assigned.startswith(b"made by ")
-        and _set_since(owner, name, value, body)
-    ):
+    if assigned is None or not assigned.startswith(b"made by "):
+        return assigned
+    if _set_since(owner, name, value, body):
         return assigned + b"; set to " + _constant_bytes(value)
+    if owner is not None and _plain(value) and not _of_the_run(body, name, value):
+        # read from the environment or a file as the module loads (`K =
+        # int(os.environ["K"])`): another value there is another answer
+        return assigned + b"; holds " + _value_bytes(value)
     return assigned
+
+
+def _value_bytes(value: Any) -> bytes:
+    """A plain value as :func:`_constant_bytes` says it, a long one (a text read from a file)
+    by the digest of that: the same in every process, of a bounded size."""
+    said = _constant_bytes(value)
+    return said if len(said) <= 256 else b"sha256 " + hashlib.sha256(said).digest()
+
+
+_RUN_BOUND = frozenset(
+    {
+        # the clock
+        "time",
+        "time_ns",
+        "monotonic",
+        "monotonic_ns",
+        "perf_counter",
+        "perf_counter_ns",
+        "process_time",
+        "localtime",
+        "gmtime",
+        "ctime",
+        "strftime",
+        "now",
+        "utcnow",
+        "today",
+        # the process, the machine and the user running it
+        "getpid",
+        "getppid",
+        "get_ident",
+        "gethostname",
+        "getfqdn",
+        "node",
+        "uname",
+        "getuser",
+        "getlogin",
+        # chance
+        "random",
+        "randint",
+        "randrange",
+        "getrandbits",
+        "urandom",
+        "secrets",
+        "uuid1",
+        "uuid4",
+        "mkdtemp",
+        "mkstemp",
+    }
+)
+"""What a value computed as a module loads may read that differs from run to run without
+changing what the code computes (:func:`_of_the_run`): the clock, the process, the machine or
+the user running it, chance, a fresh temporary folder."""
+
+
+_PLACE_BOUND = frozenset(
+    {
+        "__file__",
+        "expanduser",
+        "home",
+        "getcwd",
+        "cwd",
+        "abspath",
+        "realpath",
+        "resolve",
+        "absolute",
+        "gettempdir",
+    }
+)
+"""What a value computed as a module loads may read that says where the code is, or where
+it runs from (:func:`_of_the_run`): where the checkout is, the home or working folder."""
+
+
+def _of_the_run(body: list[ast.stmt] | None, name: str, value: Any) -> bool:
+    """Whether ``value``, which ``body`` computes for ``name`` as the module loads, is of
+    this run rather than of what the code computes, and so named by how it is computed
+    alone: one that reads (itself or through a name ``body`` assigns) the clock, the
+    process or machine, chance or a new temporary folder (:data:`_RUN_BOUND`), or a path
+    (a text holding a separator) made from where the code is or runs from
+    (:data:`_PLACE_BOUND`: ``HERE = os.path.dirname(__file__)``) — not a number a file
+    found there holds."""
+    made = _assignment(body, name)
+    if made is None:
+        return False
+    read: set[str] = set()
+    seen, queue = {name}, [made]
+    while queue:
+        for node in ast.walk(queue.pop()):
+            if isinstance(node, ast.Attribute):
+                read.add(node.attr)
+            elif isinstance(node, ast.Name):
+                read.add(node.id)
+                there = _assignment(body, node.id) if node.id not in seen else None
+                seen.add(node.id)
+                if there is not None:
+                    queue.append(there)
+    if read & _RUN_BOUND:
+        return True
+    return bool(read & _PLACE_BOUND) and _path_like(value)
+
+
+def _path_like(value: Any) -> bool:
+    """Whether ``value`` is, or holds, a text or bytes holding a separator of paths."""
+    if isinstance(value, str):
+        return "/" in value or "\\" in value
+    if isinstance(value, bytes):
+        return b"/" in value or b"\\" in value
+    if isinstance(value, (tuple, frozenset)):
+        return any(map(_path_like, value))
+    return False
 
 
 _LOADED: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, int | None]]] = (
