@@ -7432,6 +7432,23 @@ def test_a_constant_the_module_reads_from_the_environment_as_it_loads_is_in_the_
     assert again == [first[0], "drifted"]
 
 
+@pytest.mark.parametrize("how", ["wrap", "rows", "rows-nn"])
+def test_a_torch_function_replaced_by_the_user_makes_a_recalled_answer_drifted(
+    how: str, tmp_path: Path
+) -> None:
+    """Torch's own functions are not in a fingerprint, but one set in their place by the
+    user (``F.relu = lambda x: torch.sigmoid(x)``) is the user's code: a new process
+    replacing it recalls the answers torch's ``relu`` computed as drifted, never silently —
+    whether the model's code calls ``F.relu`` or holds an ``nn.ReLU`` that does; a process
+    leaving torch's own recalls them as kept."""
+    _package(tmp_path, "loaded", nodes=_READ_AS_IT_LOADS)
+    store = tmp_path / "store"
+    first = _run_read_as_it_loads(tmp_path, how, store)
+    assert first[1] == "as-kept"
+    assert _run_read_as_it_loads(tmp_path, how, store) == first
+    assert _run_read_as_it_loads(tmp_path, how, store, relu="sigmoid") == [first[0], "drifted"]
+
+
 _READ_FROM_A_FILE = """
 import os
 import pathlib

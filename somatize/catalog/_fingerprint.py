@@ -73,6 +73,8 @@ from somatize.catalog._names import (
     _named,
     _sighted,
     _still,
+    _torch_name,
+    _torch_replaced,
 )
 from somatize.catalog._project import main_named
 
@@ -127,6 +129,9 @@ def fingerprint_of(*kinds: type) -> str:
     digest = hashlib.sha256(b"somatize code 3\0")
     for name, written in entries:
         digest.update(len(name).to_bytes(8, "little") + name + written)
+    replaced = _torch_replaced_by_torch(kinds)
+    if replaced:  # none where torch runs its own: the fingerprints of before are the same
+        digest.update(b"torch replaced\0" + b"".join(replaced))
     said = "sha256:" + digest.hexdigest()[:16]
     if kinds:
         _note_known(kinds, list(lineage), said)
@@ -437,3 +442,21 @@ def _followed(held: type, kind: type) -> bool:
     if _left_out(held):
         return False
     return held.__module__ == kind.__module__ or _same_package(held.__module__, kind.__module__)
+
+
+def _torch_replaced_by_torch(kinds: tuple[type, ...]) -> list[bytes]:
+    """What torch's own classes among ``kinds`` and the classes they inherit from (short of
+    ``nn.Module`` and the standard library's, whose code no fingerprint covers) name of
+    torch's that is not torch's own (:func:`_torch_replaced`: ``nn.ReLU`` calling
+    ``F.relu``, set to a function of the user's), each by its place and how it is written;
+    none where torch's functions are its own."""
+    said: set[bytes] = set()
+    for kind in kinds:
+        for above in _ancestry(kind):
+            if not _torch_name(above.__module__) or above.__module__ == "torch.nn.modules.module":
+                continue
+            for member in list(vars(above).values()):
+                for function in _functions_in(member):
+                    for _, label, written, _, _ in _torch_replaced(function):
+                        said.add(len(label).to_bytes(8, "little") + label + written)
+    return sorted(said)

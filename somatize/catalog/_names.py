@@ -13,9 +13,11 @@ import ast
 import contextlib
 import dataclasses
 import enum
+import sys
 import weakref
 from types import (
     BuiltinFunctionType,
+    CodeType,
     FunctionType,
     MethodType,
     ModuleType,
@@ -37,6 +39,7 @@ from somatize.catalog._code import (
     _class_body,
     _code_bytes,
     _constant_bytes,
+    _imports_of,
     _made_by,
     _module_body,
     _module_named,
@@ -229,6 +232,15 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
             ):
                 seen.add(id(closed))
                 queue.append(closed)
+        for place, label, replaced_as, within, held in _torch_replaced(function):
+            # a function of torch's set in place of torch's own (`F.relu = my_relu`): by
+            # what it is, as a fake set in place of what a module imports is
+            out[place] = (label, replaced_as)
+            if within is not None:
+                looked.setdefault(place, (within, place[1], _found_as(held, *place)))
+            if isinstance(held, FunctionType) and id(held) not in seen:
+                seen.add(id(held))
+                queue.append(held)
         for module, space, reader, name in reads:
             place = (module, name)
             if name not in space:
@@ -688,3 +700,100 @@ def _helper_bytes(value: Any, wrapped: FunctionType) -> list[bytes]:
     made = f"{main_named(kind.__module__)}:{kind.__qualname__}".encode()
     wrappers = _functions_in(value)[1:]  # a decorator of the code's, under `lru_cache`
     return [made, _function_bytes(wrapped), *map(_function_bytes, wrappers), *_bound_in(value)]
+
+
+_Replaced = tuple[tuple[str, str], bytes, bytes, "weakref.ref[Any] | None", Any]
+"""What :func:`_torch_replaced` finds of one function set in place of torch's own."""
+
+
+def _torch_replaced(function: FunctionType) -> list[_Replaced]:
+    """Each function (or class) of torch's that ``function`` names — as an attribute of a
+    module of torch's it reads (``F.relu``, ``torch.nn.functional.gelu``), or imported from
+    one (``from torch.nn.functional import relu``) — that is not what torch defines there
+    (:func:`_torch_own`: a function set in its place, ``F.relu = lambda x: ...``): its place
+    (the module and the name), a label, how it is written (:func:`_replaced_bytes`), a weak
+    reference to a reader of that place (:func:`_reader_in`) and it. Torch's own functions
+    are not in a fingerprint (a torch upgrade drifts nothing); one put in their place is the
+    user's code. Looks at each name by identity and two attributes: about a microsecond a
+    function named."""
+    code, space = function.__code__, function.__globals__
+    found: list[_Replaced] = []
+    attributes: frozenset[str] | None = None
+    modules: list[ModuleType] = []
+    for name in sorted(globals_read(code)):
+        value = space.get(name, _ABSENT)
+        if isinstance(value, ModuleType):
+            if _torch_name(value.__name__):
+                modules.append(value)
+            continue
+        if value is _ABSENT or not callable(value) or _torch_own(name, value):
+            continue
+        source = _imports_of(function.__module__).get(name)  # parsed once per module
+        if source is not None and _torch_name(source[0]) and not _torch_own(source[1], value):
+            label = f"other {function.__module__}:{name}".encode()
+            found.append(((function.__module__, name), label, _replaced_bytes(value), None, value))
+    seen: set[int] = set()
+    while modules:
+        module = modules.pop()
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        if attributes is None:
+            attributes = _ATTRIBUTES_READ.get(code)
+            if attributes is None:
+                attributes = _ATTRIBUTES_READ[code] = frozenset(_attributes_read(code))
+        there = vars(module)
+        for name in sorted(attributes & there.keys()):
+            value = there[name]
+            if isinstance(value, ModuleType):
+                if _torch_name(value.__name__):  # `torch.nn.functional.relu`
+                    modules.append(value)
+            elif callable(value) and not _torch_own(name, value):
+                place = (module.__name__, name)
+                label = f"other {module.__name__}:{name}".encode()
+                found.append((place, label, _replaced_bytes(value), _reader_in(module), value))
+    return found
+
+
+_ATTRIBUTES_READ: weakref.WeakKeyDictionary[CodeType, frozenset[str]] = weakref.WeakKeyDictionary()
+"""A function's code → the names it reads as attributes (:func:`_attributes_read`), worked
+out once: torch's own classes are looked through at each fingerprint worked out."""
+
+
+def _torch_name(module: str) -> bool:
+    """Whether ``module`` names torch or one of its modules."""
+    return module.partition(".")[0] == "torch"
+
+
+def _torch_own(name: str, value: Any) -> bool:
+    """Whether ``value``, held under ``name`` by a module of torch's (or imported from one
+    under that name), is torch's own: defined in torch (its ``__module__``), under that name
+    or found again where its ``__module__`` and ``__qualname__`` say — not a function of
+    the user's set in its place (``F.gelu = my_gelu``, a lambda), nor another of torch's
+    (``F.relu = torch.sigmoid``)."""
+    module = getattr(value, "__module__", None)
+    if not isinstance(module, str) or not _torch_name(module):
+        return False
+    if getattr(value, "__name__", None) == name:
+        return True
+    qualname = getattr(value, "__qualname__", None)
+    at: Any = sys.modules.get(module)
+    for part in qualname.split(".") if isinstance(qualname, str) else ["<none>"]:
+        at = getattr(at, part, None)
+    return at is value
+
+
+def _replaced_bytes(value: Any) -> bytes:
+    """What is set in place of torch's own function (:func:`_torch_replaced`): a plain
+    function by its name and how it is written (:func:`_function_bytes`), another of torch's
+    or a builtin by its name, a class by its name, anything else by what it holds where
+    that is named (:func:`_opaque_bytes`), else by a mark of that very object — the same in
+    every process setting the same, never torch's own."""
+    module = getattr(value, "__module__", None)
+    qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
+    name = f"{module}:{qualname}".encode()
+    if isinstance(value, FunctionType):
+        return _joined(b"replaced", [name, _function_bytes(value)])
+    if isinstance(value, (type, BuiltinFunctionType)):
+        return _joined(b"replaced", [name])
+    return _joined(b"replaced", [name, _opaque_bytes(value) or _token_of(value)])
