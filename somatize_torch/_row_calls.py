@@ -21,9 +21,12 @@ on misses and silently stop on hits.
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.nn import DataParallel
+from torch.nn.parallel import DistributedDataParallel
 
 from somatize_torch._errors import gradient_cut, in_a_transform
 from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError, _describe
@@ -64,24 +67,64 @@ def _input_name(module: torch.nn.Module) -> str | None:
 def _first_input(module: torch.nn.Module) -> inspect.Parameter | None:
     """The first parameter of ``module``'s forward; None where it has none, or its
     signature cannot be read."""
-    try:
-        parameters = inspect.signature(module.forward).parameters.values()
-    except (TypeError, ValueError):
-        return None
-    return next(iter(parameters), None)
+    return _read(module)[0]
 
 
 def _takes_index(module: torch.nn.Module) -> bool:
     """Whether ``module``'s forward takes an argument named ``index`` beside its input
     (named so as its input, ``forward(self, index)``, it is handed the batch there)."""
+    return _read(module)[1]
+
+
+_Read = tuple[inspect.Parameter | None, bool]
+
+# What each forward's signature says (:func:`_read`), by its function: read once, not at
+# every call handed ``index=`` or every batch computed. A forward replaced later (another
+# function) is read anew.
+_READ: weakref.WeakKeyDictionary[Any, _Read] = weakref.WeakKeyDictionary()
+
+
+def _read(module: torch.nn.Module) -> _Read:
+    """The first parameter of the forward that answers a call of ``module`` (None where it
+    has none, or its signature cannot be read), and whether it takes ``index`` beside it."""
+    forward = _forward_of(module)
+    function = forward.__func__ if inspect.ismethod(forward) else None
     try:
-        parameters = list(inspect.signature(module.forward).parameters.values())
+        found = _READ.get(function) if function is not None else None
+    except TypeError:  # a function that no weak reference can hold is read every time
+        function = None
+        found = None
+    if found is None:
+        found = _signature_of(forward)
+        if function is not None:
+            _READ[function] = found
+    return found
+
+
+def _signature_of(forward: Any) -> _Read:
+    try:
+        parameters = list(inspect.signature(forward).parameters.values())
     except (TypeError, ValueError):
-        return False
-    return any(
+        return None, False
+    takes = any(
         p.name == "index" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
         for p in parameters[1:]
     )
+    return (parameters[0] if parameters else None), takes
+
+
+def _forward_of(module: torch.nn.Module) -> Any:
+    """The forward that answers a call of ``module``: seen through ``torch.compile``'s
+    wrapper and torch's ``DataParallel`` and ``DistributedDataParallel``, whose forward
+    takes ``(*args, **kwargs)`` and hands them on to the module they wrap as they came."""
+    while True:
+        inner = module._modules.get("_orig_mod")
+        if inner is not None and type(module).__name__ == "OptimizedModule":
+            module = inner
+        elif isinstance(module, (DataParallel, DistributedDataParallel)):
+            module = module.module
+        else:
+            return module.forward
 
 
 def _run(module: torch.nn.Module, x: torch.Tensor) -> Any:

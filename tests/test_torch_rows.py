@@ -1362,6 +1362,56 @@ class Lookup(nn.Module):
         return out
 
 
+@pytest.mark.parametrize("wrapper", ["torch.compile", "nn.DataParallel"])
+def test_a_wrapped_module_is_called_as_the_module_it_wraps(store: Store, wrapper: str) -> None:
+    """A module compiled (``torch.compile``) or wrapped in ``nn.DataParallel``, whose own
+    forward takes ``(*args, **kwargs)`` and hands them on, is called as the module it
+    wraps: one taking its input by name only is handed its batch by that name, where
+    every call failed with a TypeError from its forward (or was refused as given no
+    batch), and ``index=`` to one whose forward takes ``index`` is refused, where every
+    row was answered as if no index were given."""
+
+    def wrapped(module: nn.Module) -> nn.Module:
+        if wrapper == "torch.compile":
+            return torch.compile(module, backend="eager")  # type: ignore[return-value]
+        return nn.DataParallel(module, device_ids=[])
+
+    torch.manual_seed(0)
+    pixels, x = Pixels().eval(), torch.randn(4, 8)
+    cached = cache_rows(wrapped(pixels), store)
+    with torch.no_grad():
+        want = pixels(pixel_values=x)
+    assert torch.equal(cached(pixel_values=x), want)
+    assert torch.equal(cached(x), want)
+    cached.close()
+    per_sample = cache_rows(wrapped(PerSample().eval()), store, key="index", version="toy@1")
+    with pytest.raises(RowsError, match="called with index=, which its forward takes too"):
+        per_sample(torch.randn(5, 4), index=torch.tensor([3, 7, 1, 9, 2]))
+    assert per_sample.stats.rows == 0
+    per_sample.close()
+
+
+def test_a_forward_replaced_later_is_read_anew(store: Store) -> None:
+    """What a module's forward takes is read anew once the forward is replaced: an index
+    refused while the forward takes one is taken by the cache once it no longer does, and
+    a forward replaced by one taking its input by name only is handed the batch so."""
+    torch.manual_seed(0)
+    module, x, index = PerSample().eval(), torch.randn(5, 4), torch.tensor([3, 7, 1, 9, 2])
+    cached = cache_rows(module, store, key="index", version="toy@1")
+    with pytest.raises(RowsError, match="called with index=, which its forward takes too"):
+        cached(x, index=index)
+
+    def alone(self: PerSample, *, features: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.linear(features)
+        return out
+
+    module.forward = types.MethodType(alone, module)  # type: ignore[method-assign]
+    with torch.no_grad():
+        want = module.linear(x)
+    assert torch.equal(cached(features=x, index=index), want)
+    cached.close()
+
+
 def test_a_second_positional_argument_is_refused_not_taken_for_the_index(
     cached: CachedRows,
 ) -> None:
