@@ -468,11 +468,20 @@ def _collate(batch: list[Row], *, collate_fn_map: Any = None) -> DeferredRows:
 def _stacked(values: list[Any], indices: Sequence[int]) -> Any:
     """``values``, the inputs of samples ``indices``, collated into one batch; tensors of
     other shapes or dtypes among them (sequences of varying length) are refused, naming
-    the samples, where the default collate would fail with torch's own error."""
-    kinds: dict[tuple[torch.dtype, torch.Size], int] = {}
+    the samples, where the default collate would fail with torch's own error; so are
+    NumPy arrays, which it stacks as tensors, and lists or tuples (token ids as a
+    tokenizer answers them), which it would not make one batch tensor of."""
+    kinds: dict[tuple[Any, tuple[int, ...]], int] = {}
     for value, index in zip(values, indices, strict=True):
-        if isinstance(value, torch.Tensor):
-            kinds.setdefault((value.dtype, value.shape), index)
+        if isinstance(value, (list, tuple)):
+            raise NotLoadable(
+                f"the inputs of a Deferred are one tensor per sample (or what the default "
+                f"collate stacks into one); sample {index} is a `{type(value).__name__}`: "
+                "have the Deferred read each as a tensor (`torch.tensor(ids)`), padded to "
+                "one length"
+            )
+        if isinstance(value, torch.Tensor) or type(value).__name__ == "ndarray":
+            kinds.setdefault((value.dtype, tuple(value.shape)), index)
     if len(kinds) > 1:
         said = ", ".join(f"sample {i} is {d} {list(s)}" for (d, s), i in list(kinds.items())[:3])
         raise NotLoadable(

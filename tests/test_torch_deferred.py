@@ -8,6 +8,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -533,14 +534,26 @@ def test_an_input_unlike_the_first_is_refused(tmp_path: Path) -> None:
     assert cached.stats.rows_kept == 8
 
 
-def test_inputs_of_varying_shape_in_one_batch_are_refused_naming_them(tmp_path: Path) -> None:
-    """Inputs of one Deferred of varying shapes in one batch (token ids of varying length)
-    are refused, naming the samples and saying to pad them, as a DataLoader collates them
-    and as a cache loads them, where both failed with torch's own "stack expects each
-    tensor to be equal size"; nothing is computed for them."""
-    texts = [torch.arange(1, n + 1) for n in (3, 5, 3, 4)]
+@pytest.mark.parametrize("kind", ["tensor", "numpy", "list"])
+def test_inputs_of_varying_shape_in_one_batch_are_refused_naming_them(
+    tmp_path: Path, kind: str
+) -> None:
+    """Inputs of one Deferred of varying shapes in one batch (token ids of varying length),
+    as tensors or as NumPy arrays (stacked as tensors by the default collate), are refused
+    naming the samples and saying to pad them; read as lists, as a tokenizer answers them,
+    they are refused as no tensor, saying to read each as one. Each failed with torch's
+    own "stack expects each tensor to be equal size" (or "each element in list of batch
+    should be of equal size"), as a DataLoader collated a batch and as a cache loaded its
+    rows; nothing is computed for them."""
+    lengths = (3, 5, 3, 4)
+    made = {"tensor": torch.arange, "numpy": np.arange, "list": lambda a, b: list(range(a, b))}
+    texts: list[Any] = [made[kind](1, n + 1) for n in lengths]
     data = Deferred(texts, version="texts@1")
-    said = r"sample 0 is torch.int64 \[3\], sample 1 is torch.int64 \[5\].*pad"
+    said = (
+        rf"sample 0 is {'torch.' if kind == 'tensor' else ''}int64 \[3\], sample 1 is .*pad"
+        if kind != "list"
+        else r"one tensor per sample.*sample 0 is a `list`.*torch\.tensor\(ids\)"
+    )
     with pytest.raises(NotLoadable, match=said):
         next(iter(DataLoader(data, batch_size=4)))
     cached = cache_rows(nn.Embedding(8, 2), tmp_path, key="index")
