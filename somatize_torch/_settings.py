@@ -40,6 +40,7 @@ from somatize._arrays import looked_at as _looked_at
 from somatize._arrays import same_array as _same_array
 from somatize.canonical import NotCanonical
 from somatize.catalog import code_digest, globals_read
+from somatize.catalog._project import main_named
 from somatize_torch._modes import outside_compiled
 from somatize_torch.digest import digest_tensor
 
@@ -763,7 +764,9 @@ def _code_of(hook: Any, depth: int = 0) -> Any:
 
 
 def _name_of(thing: Any) -> str:
-    return f"{getattr(thing, '__module__', '?')}:{getattr(thing, '__qualname__', '?')}"
+    module = getattr(thing, "__module__", "?")  # a script's as `__main__` where spawned too
+    named = main_named(module) if isinstance(module, str) else module
+    return f"{named}:{getattr(thing, '__qualname__', '?')}"
 
 
 _UNSEEN = object()
@@ -1150,7 +1153,7 @@ def _callable(value: Any, path: Path) -> Any:
     if isinstance(value, types.BuiltinFunctionType):
         owner = value.__self__
         if owner is None or isinstance(owner, (type, types.ModuleType)):
-            return {"builtin": f"{value.__module__}:{value.__qualname__}"}
+            return {"builtin": _name_of(value)}
         return {  # a tensor's method: which tensor, too
             "builtin": f"{_name_of(type(owner))}.{value.__name__}",
             "of": _item(owner, path),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import collections
 import copy
 import dataclasses
@@ -9,6 +10,7 @@ import decimal
 import enum
 import fractions
 import functools
+import os
 import pathlib
 import subprocess
 import sys
@@ -3484,3 +3486,68 @@ def test_release_refuses_a_mode_that_is_no_bool_and_keeps_the_hold() -> None:
     assert not model.training
     smt.release(model, False)
     assert not smt.is_held(model) and not model.training
+
+
+_SCRIPT_SPAWNING_A_MODEL = """
+import collections, enum, multiprocessing, sys
+import torch
+from torch import nn
+import somatize.torch as smt
+
+Out = collections.namedtuple("Out", ["y"])
+RUNS = []
+
+class Mode(enum.Enum):
+    FAST = 1
+
+def doubled(module, args, out):
+    return out * 2
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mode = Mode.FAST
+        self.lin = nn.Linear(2, 2)
+        self.lin.register_forward_hook(doubled)
+
+    def forward(self, x):
+        RUNS.append(1)
+        return Out(self.lin(x))
+
+def answer(store):
+    torch.manual_seed(0)
+    model = smt.wrap(Net(), frozen=True, cached=True, store=store)
+    smt.freeze(model)
+    out = model(torch.ones(1, 2))
+    return type(out).__name__, out.y.tolist(), len(RUNS)
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        kept = pool.apply(answer, (sys.argv[1],))
+    print(repr(kept), "|", repr(answer(sys.argv[1])))
+"""
+
+
+def test_a_script_s_model_kept_in_a_spawned_process_is_recalled_in_the_script(
+    tmp_path: pathlib.Path,
+) -> None:
+    """A process ``multiprocessing`` spawns (a ``ddp_spawn`` rank, a pool's) loads the
+    script as ``__mp_main__``: a model the script defines, with a setting of an enum the
+    script defines, a hook it writes and a namedtuple answer of its own, kept there, is
+    recalled in the script under the same key, the answer read back as that namedtuple,
+    the forward not run again."""
+    script = tmp_path / "spawning.py"
+    script.write_text(_SCRIPT_SPAWNING_A_MODEL)
+    root = str(pathlib.Path(__file__).resolve().parent.parent)
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    kept, _, recalled = done.stdout.strip().partition(" | ")
+    name, answer, runs = ast.literal_eval(kept)
+    assert (name, runs) == ("Out", 1)
+    assert ast.literal_eval(recalled) == ("Out", answer, 0)
