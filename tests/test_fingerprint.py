@@ -516,6 +516,42 @@ def test_a_script_s_node_kept_in_a_spawned_process_is_recalled_in_the_script(
     assert printed == ["6", "ran", "kept", "finished", "|", "6", "recalled", "finished"]
 
 
+_SCRIPT_SPAWNING_A_FACTORY = """
+import dataclasses, multiprocessing
+from somatize import Node
+from somatize.catalog import fingerprint_of
+
+class Bag:
+    pass
+
+@dataclasses.dataclass
+class Holder:
+    bag: Bag = dataclasses.field(default_factory=Bag)
+
+class Uses(Node):
+    def forward(self, x, ctx):
+        return (Holder(), x)[1]
+
+def said():
+    return fingerprint_of(Uses)
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(pool.apply(said), said())
+"""
+
+
+def test_a_script_s_dataclass_default_made_by_its_class_is_the_same_code_when_spawned(
+    tmp_path: Path,
+) -> None:
+    """A helper dataclass whose default a class of the script makes
+    (``field(default_factory=Bag)``) is the same code in a process ``multiprocessing``
+    spawns, which loads the script as ``__mp_main__``, as in the script."""
+    _write(tmp_path / "factory.py", _SCRIPT_SPAWNING_A_FACTORY)
+    spawned, here = _printed([str(tmp_path / "factory.py")]).split()
+    assert spawned == here
+
+
 _BESIDE_INSTALLED = """
 import beside_helpers, bundled_lib
 from somatize import Node

@@ -536,7 +536,7 @@ def _class_code(kind: type) -> bytes:
         if isinstance(factory, FunctionType):
             maker = _function_bytes(factory)
         elif isinstance(factory, type):
-            maker = f"class {factory.__module__}:{factory.__qualname__}".encode()
+            maker = f"class {main_named(factory.__module__)}:{factory.__qualname__}".encode()
         else:
             maker = _opaque_bytes(factory) or _token_of(factory)
         pieces.append(f"{kind.__qualname__}.{name}()=".encode() + maker)
