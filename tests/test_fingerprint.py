@@ -552,6 +552,38 @@ def test_a_script_s_dataclass_default_made_by_its_class_is_the_same_code_when_sp
     assert spawned == here
 
 
+def test_a_node_of_a_checkout_beside_the_library_is_the_same_code_from_any_folder(
+    tmp_path: Path,
+) -> None:
+    """Nodes of a folder that holds somatize itself too (a checkout of it, its tests, run
+    with ``python -c`` in it or from elsewhere): somatize's functions their module names are
+    the library's, as where it is installed, never the node's code, and a package with no
+    ``__init__`` found through the working directory and ``$PYTHONPATH`` alike is one
+    folder: each node's fingerprint is the same from every folder it is run in."""
+    root = str(Path(__file__).resolve().parent.parent)
+    code = (
+        "from pathlib import Path\n"
+        "from somatize.catalog import fingerprint_of\n"
+        "from tests.broker_nodes import spinning\n"
+        "g = spinning(Path('.'))\n"
+        "print(*(fingerprint_of(*g.node(n).implementing_classes()) for n in ('rows', 'fine')))\n"
+    )
+    printed = [
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd=where,
+            env={**os.environ, "PYTHONPATH": root},
+            timeout=120,
+            check=True,
+        ).stdout
+        for where in (root, str(tmp_path))
+    ]
+    assert printed[0] == printed[1]
+    assert len(printed[0].split()) == 2
+
+
 _BESIDE_INSTALLED = """
 import beside_helpers, bundled_lib
 from somatize import Node

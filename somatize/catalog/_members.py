@@ -258,6 +258,8 @@ def _same_package(defined: str, module: str) -> bool:
     top = main_named(defined.partition(".")[0])
     if top == "__main__" or top in sys.stdlib_module_names or top in _LEFT_OUT:
         return False
+    if top in ("somatize", "somatize_torch"):  # the library, even run from a checkout beside
+        return False
     reader = main_named(module.partition(".")[0])
     if top == reader:
         return True

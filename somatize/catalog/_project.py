@@ -70,10 +70,15 @@ def _folder_of(module: ModuleType) -> str | None:
         if getattr(module, "__path__", None) is not None:  # a package: its __init__ file
             folder = os.path.dirname(folder)
     else:
-        paths = list(getattr(module, "__path__", None) or ())  # a namespace package
-        if len(paths) != 1 or not isinstance(paths[0], str):
+        # a namespace package: one folder, found once through each entry of the path that
+        # leads to it (the working directory and $PYTHONPATH both naming the same one)
+        paths = getattr(module, "__path__", None) or ()
+        if not all(isinstance(path, str) for path in paths):
             return None
-        folder = os.path.dirname(os.path.abspath(paths[0]))
+        found = {os.path.realpath(path) for path in paths}
+        if len(found) != 1:
+            return None
+        folder = os.path.dirname(found.pop())
     if module.__name__ in _installed_in(folder):
         return None
     return _checked(folder)
