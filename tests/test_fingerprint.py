@@ -7560,3 +7560,74 @@ def test_a_value_the_module_reads_from_a_file_as_it_loads_is_named_by_what_it_ho
     moved = package.rename(elsewhere / "filed")
     assert moved.exists()
     assert _fingerprints_in(elsewhere, "filed.nodes", "Sized") == first
+
+
+_OF_A_DISTRIBUTED_RUN = """
+import os
+from os import getpid as pid
+from pathlib import Path
+from secrets import token_hex
+
+import torch
+
+from somatize import Node
+
+K = int(os.environ.get("SOMATIZE_TEST_K", "2"))
+LOCAL_RANK = int(os.environ.get("LOCAL_RANK", "0"))
+RANK = int(os.environ["RANK"])
+WORLD = int(os.getenv("WORLD_SIZE", "1"))
+PORT = os.environ.get("MASTER_PORT", "29500")
+JOB = os.environ.get("SLURM_JOB_ID", "local")
+RUN = f"run-{JOB}"
+DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+PROCESS = pid()
+TOKEN = token_hex(8)
+DRAWN = float(torch.rand(1))
+WORKERS = min(8, os.cpu_count() or 1)
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FOLDER = Path.cwd().name
+
+
+class Ranked(Node):
+    rank = LOCAL_RANK
+
+    def forward(self, x, ctx):
+        assert RANK >= 0 and WORLD and PORT and RUN and PROCESS and TOKEN and DRAWN
+        assert WORKERS and DEVICE and FOLDER and DEVICES is not None
+        return x * K + self.rank * 0
+"""
+
+
+def test_values_of_a_distributed_run_its_module_reads_as_it_loads_are_no_other_fingerprint(
+    tmp_path: Path,
+) -> None:
+    """The values a node's module reads as it loads that say which process of a distributed
+    run it is (its rank and world size, the port, the job's id, the devices it is given),
+    or draws by chance under another name (``from os import getpid as pid``, ``token_hex``,
+    ``torch.rand``), or reads from the machine (its CPUs, whether it has a GPU) or the name
+    of the working folder, are named by how they are computed: each rank of a run sharing a
+    store has the same fingerprint, so none sees the others' answers as drifted. A value
+    read from the environment that is none of those still makes another fingerprint."""
+    _package(tmp_path, "ranked", nodes=_OF_A_DISTRIBUTED_RUN)
+    script = "import os, sys\nos.chdir(sys.argv[1])\nimport ranked.nodes as m\n"
+    script += "from somatize.catalog import fingerprint_of as f\nprint(f(m.Ranked))\n"
+
+    def printed(rank: str, port: str, job: str, k: str = "2") -> str:
+        where = tmp_path / f"rank{rank}"
+        where.mkdir(exist_ok=True)
+        environment = {
+            "LOCAL_RANK": rank,
+            "RANK": rank,
+            "WORLD_SIZE": str(2 + int(rank)),
+            "MASTER_PORT": port,
+            "SLURM_JOB_ID": job,
+            "CUDA_VISIBLE_DEVICES": rank,
+            "PYTHONHASHSEED": str(1 + int(rank)),
+            "SOMATIZE_TEST_K": k,
+        }
+        return _printed(["-c", script, str(where)], tmp_path, **environment).strip()
+
+    first = printed("0", "29500", "11")
+    assert first.startswith("sha256:")
+    assert printed("1", "12345", "22") == first
+    assert printed("0", "29500", "11", k="3") != first

@@ -255,7 +255,7 @@ def _assigned_now(owner: Any, body: list[ast.stmt] | None, name: str, value: Any
         return assigned
     if _set_since(owner, name, value, body):
         return assigned + b"; set to " + _constant_bytes(value)
-    if owner is not None and _plain(value) and not _of_the_run(body, name, value):
+    if owner is not None and _plain(value) and not _of_the_run(owner, body, name, value):
         # read from the environment or a file as the module loads (`K =
         # int(os.environ["K"])`): another value there is another answer
         return assigned + b"; holds " + _value_bytes(value)
@@ -305,13 +305,101 @@ _RUN_BOUND = frozenset(
         "secrets",
         "uuid1",
         "uuid4",
+        "token_bytes",
+        "token_hex",
+        "token_urlsafe",
+        "rand",
+        "randn",
+        "randperm",
+        "rand_like",
+        "randn_like",
+        "hash",
+        "id",
         "mkdtemp",
         "mkstemp",
+        # the machine's means (a device of `cuda` where there is one) and the versions it
+        # runs: no code of the node's, as a torch upgrade is not
+        "cpu_count",
+        "process_cpu_count",
+        "sched_getaffinity",
+        "get_num_threads",
+        "device_count",
+        "is_available",
+        "get_device_name",
+        "__version__",
+        "version",
+        "version_info",
+        "python_version",
+        "platform",
+        "system",
+        "machine",
+        "release",
+        # the place of the process among those of a distributed run (a rank of DDP, the
+        # size of its world)
+        "get_rank",
+        "get_world_size",
+        "get_local_rank",
+        "get_node_local_rank",
+        "local_rank",
+        "global_rank",
+        "node_rank",
+        "world_size",
     }
 )
-"""What a value computed as a module loads may read that differs from run to run without
-changing what the code computes (:func:`_of_the_run`): the clock, the process, the machine or
-the user running it, chance, a fresh temporary folder."""
+"""What a value computed as a module loads may read that differs from run to run, or from
+machine to machine, without changing what the code computes (:func:`_of_the_run`): the clock,
+the process, the machine or the user running it, chance, a fresh temporary folder, the
+machine's means and versions, the place of the process in a distributed run."""
+
+
+_RUN_ENVIRONMENT = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "ROLE_RANK",
+        "NODE_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_WORLD_SIZE",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "JOB_ID",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "USERNAME",
+        "HOSTNAME",
+        "PWD",
+        "OLDPWD",
+        "TMPDIR",
+        "TEMP",
+        "TMP",
+    }
+)
+"""Variables of the environment that say which process, job, machine or user runs the code,
+not what it computes (:func:`_of_the_run`): a rank and world size of a distributed run (each
+rank sharing a store would see the others' answers as drifted), its port, the devices it is
+given, a job's id, the user, the home, working or temporary folder."""
+
+_RUN_ENVIRONMENT_PREFIXES = (
+    "SLURM_",
+    "OMPI_",
+    "PMI_",
+    "PMIX_",
+    "PBS_",
+    "LSB_",
+    "SGE_",
+    "MV2_",
+    "RAY_",
+    "TORCHELASTIC_",
+)
+"""Prefixes of the variables a scheduler or launcher sets for each job, task or process
+(``SLURM_JOB_ID``, ``OMPI_COMM_WORLD_RANK``): :data:`_RUN_ENVIRONMENT` too."""
 
 
 _PLACE_BOUND = frozenset(
@@ -332,32 +420,60 @@ _PLACE_BOUND = frozenset(
 it runs from (:func:`_of_the_run`): where the checkout is, the home or working folder."""
 
 
-def _of_the_run(body: list[ast.stmt] | None, name: str, value: Any) -> bool:
-    """Whether ``value``, which ``body`` computes for ``name`` as the module loads, is of
-    this run rather than of what the code computes, and so named by how it is computed
-    alone: one that reads (itself or through a name ``body`` assigns) the clock, the
-    process or machine, chance or a new temporary folder (:data:`_RUN_BOUND`), or a path
+def _of_the_run(owner: Any, body: list[ast.stmt] | None, name: str, value: Any) -> bool:
+    """Whether ``value``, which ``body`` (of the module or class ``owner``) computes for
+    ``name`` as the module loads, is of this run rather than of what the code computes, and
+    so named by how it is computed alone: one that reads (itself or through a name ``body``
+    or its module assigns, under whatever name it is imported: ``from os import getpid as
+    pid``) the clock, the process or machine, chance, a new temporary folder or the place
+    of the process in a distributed run (:data:`_RUN_BOUND`), a variable of the environment
+    that says those (:data:`_RUN_ENVIRONMENT`: ``int(os.environ["LOCAL_RANK"])``), or a path
     (a text holding a separator) made from where the code is or runs from
-    (:data:`_PLACE_BOUND`: ``HERE = os.path.dirname(__file__)``) — not a number a file
-    found there holds."""
+    (:data:`_PLACE_BOUND`: ``HERE = os.path.dirname(__file__)``, the name of the working
+    folder) — not a number a file found there holds."""
     made = _assignment(body, name)
     if made is None:
         return False
+    module = getattr(owner, "__name__" if isinstance(owner, ModuleType) else "__module__", "")
+    around = _module_body(module) if isinstance(module, str) else None
+    imported = _imports_of(module) if around is not None else {}
     read: set[str] = set()
+    texts: set[str] = set()
     seen, queue = {name}, [made]
     while queue:
         for node in ast.walk(queue.pop()):
             if isinstance(node, ast.Attribute):
                 read.add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                texts.add(node.value)
             elif isinstance(node, ast.Name):
                 read.add(node.id)
-                there = _assignment(body, node.id) if node.id not in seen else None
+                source = imported.get(node.id)
+                if isinstance(source, tuple):  # `from os import getpid as pid`
+                    read.update(source[0].split("."), source[1:])
+                if node.id in seen:
+                    continue
                 seen.add(node.id)
+                there = _assignment(body, node.id)
+                if there is None and around is not body:  # a class's, read from its module
+                    there = _assignment(around, node.id)
                 if there is not None:
                     queue.append(there)
     if read & _RUN_BOUND:
         return True
-    return bool(read & _PLACE_BOUND) and _path_like(value)
+    if read & {"environ", "getenv"} and any(
+        text in _RUN_ENVIRONMENT or text.startswith(_RUN_ENVIRONMENT_PREFIXES) for text in texts
+    ):
+        return True
+    # a path, or a part of one (`Path.cwd().name`), not what a file found there holds
+    return bool(read & _PLACE_BOUND) and (_path_like(value) or not read & _FILE_READ)
+
+
+_FILE_READ = frozenset(
+    {"open", "read", "read_text", "read_bytes", "readline", "readlines", "load", "safe_load"}
+)
+"""What a value computed from where the code is or runs from (:data:`_PLACE_BOUND`) may
+read to be what a file found there holds, not a part of that place (:func:`_of_the_run`)."""
 
 
 def _path_like(value: Any) -> bool:
