@@ -7631,3 +7631,30 @@ def test_values_of_a_distributed_run_its_module_reads_as_it_loads_are_no_other_f
     assert first.startswith("sha256:")
     assert printed("1", "12345", "22") == first
     assert printed("0", "29500", "11", k="3") != first
+
+
+_TORCH_OBJECTS = """
+import torch
+from torch import distributions as D
+from torch.distributions import biject_to
+
+from somatize import Node
+
+
+class Positive(Node):
+    def forward(self, x, ctx):
+        y = torch.distributions.transform_to(D.constraints.positive)(x)
+        return y + biject_to(D.constraints.positive)(x) + D.identity_transform(x)
+"""
+
+
+def test_objects_torch_makes_as_it_loads_named_by_a_node_are_the_same_in_every_process(
+    tmp_path: Path,
+) -> None:
+    """A node naming an object torch's module makes as it loads, rather than a function
+    (``torch.distributions.transform_to``, ``biject_to``, ``identity_transform``), names
+    torch's own: its fingerprint is the same in every process, never a mark of that object,
+    which would make each recall in a new process drifted."""
+    _package(tmp_path, "objects", nodes=_TORCH_OBJECTS)
+    first = _fingerprints_in(tmp_path, "objects.nodes", "Positive", PYTHONHASHSEED="1")
+    assert _fingerprints_in(tmp_path, "objects.nodes", "Positive", PYTHONHASHSEED="2") == first

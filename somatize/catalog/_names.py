@@ -777,10 +777,18 @@ def _torch_own(name: str, value: Any) -> bool:
     if getattr(value, "__name__", None) == name:
         return True
     qualname = getattr(value, "__qualname__", None)
+    if isinstance(qualname, str) and "<" in qualname:
+        return True  # a lambda or a function torch makes in one (`torch.cuda._is_in_bad_fork`)
     at: Any = sys.modules.get(module)
     for part in qualname.split(".") if isinstance(qualname, str) else ["<none>"]:
         at = getattr(at, part, None)
-    return at is value
+    if at is value:
+        return True
+    # an object of torch's class torch makes as it loads (`torch.distributions.transform_to`,
+    # a registry), which no name finds again
+    return not isinstance(value, (FunctionType, BuiltinFunctionType, type)) and module == (
+        type(value).__module__
+    )
 
 
 def _replaced_bytes(value: Any) -> bytes:
