@@ -7658,3 +7658,39 @@ def test_objects_torch_makes_as_it_loads_named_by_a_node_are_the_same_in_every_p
     _package(tmp_path, "objects", nodes=_TORCH_OBJECTS)
     first = _fingerprints_in(tmp_path, "objects.nodes", "Positive", PYTHONHASHSEED="1")
     assert _fingerprints_in(tmp_path, "objects.nodes", "Positive", PYTHONHASHSEED="2") == first
+
+
+_TORCH_PARTS = """
+import torch.nn.functional as F
+from torch import nn
+
+from somatize import catalog
+from somatize.catalog import _bytecode, _names
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.encoder = nn.TransformerEncoderLayer(16, 2)
+        self.head = nn.Sequential(nn.Linear(16, 16), nn.GELU())
+        self.recurrent = nn.LSTM(16, 16)
+
+    def forward(self, x):
+        return F.relu(self.head(self.encoder(x)))
+
+
+for kind in {type(part) for part in Net().modules()}:
+    catalog.fingerprint_of(kind)
+laid = [*_bytecode._GLOBALS_READ.keys(), *_names._ATTRIBUTES_READ.keys()]
+print(sorted({code.co_qualname for code in laid if "torch" in code.co_filename.split("/")}))
+"""
+
+
+def test_a_model_of_torchs_own_parts_lays_out_none_of_their_steps(tmp_path: Path) -> None:
+    """Fingerprinting a model whose parts are torch's own classes, none of whose functions is
+    replaced, looks through their names alone: no step of torch's code is laid out (a
+    millisecond a function, tenfold the fingerprint of a model of a dozen classes, each
+    process)."""
+    script = tmp_path / "parts.py"
+    _write(script, _TORCH_PARTS)
+    assert _printed([str(script)]).strip() == "[]"

@@ -28,6 +28,7 @@ from somatize.catalog._bytecode import (
     _GLOBAL_LOADS,
     _attributes_read,
     _fillers,
+    _names_in,
     _stored_in,
     _tables_changed_by,
     globals_read,
@@ -715,12 +716,30 @@ def _torch_replaced(function: FunctionType) -> list[_Replaced]:
     reference to a reader of that place (:func:`_reader_in`) and it. Torch's own functions
     are not in a fingerprint (a torch upgrade drifts nothing); one put in their place is the
     user's code. Looks at each name by identity and two attributes: about a microsecond a
-    function named."""
-    code, space = function.__code__, function.__globals__
+    function named, its steps laid out only where one of its names is not torch's own."""
+    code = function.__code__
+    named = _NAMES_IN.get(code)
+    if named is None:
+        named = _NAMES_IN[code] = frozenset(_names_in(code))
+    # each name the code has, global or attribute, first: no step of torch's own functions
+    # laid out (a millisecond each) where none of them is another's
+    if not _replaced_among(function, named, named):
+        return []
+    attributes = _ATTRIBUTES_READ.get(code)
+    if attributes is None:
+        attributes = _ATTRIBUTES_READ[code] = frozenset(_attributes_read(code))
+    return _replaced_among(function, globals_read(code), attributes)
+
+
+def _replaced_among(
+    function: FunctionType, read: frozenset[str], attributes: frozenset[str]
+) -> list[_Replaced]:
+    """:func:`_torch_replaced`, of the globals ``read`` and the attributes ``attributes``
+    ``function`` reads."""
+    space = function.__globals__
     found: list[_Replaced] = []
-    attributes: frozenset[str] | None = None
     modules: list[ModuleType] = []
-    for name in sorted(globals_read(code)):
+    for name in sorted(read):
         value = space.get(name, _ABSENT)
         if isinstance(value, ModuleType):
             if _torch_name(value.__name__):
@@ -728,6 +747,10 @@ def _torch_replaced(function: FunctionType) -> list[_Replaced]:
             continue
         if value is _ABSENT or not callable(value) or _torch_own(name, value):
             continue
+        if isinstance(
+            value, (type, FunctionType, BuiltinFunctionType)
+        ) and _of_the_standard_library(value):
+            continue  # `OrderedDict`, `chain`: set in no place of torch's, its text not read
         source = _imports_of(function.__module__).get(name)  # parsed once per module
         if source is not None and _torch_name(source[0]) and not _torch_own(source[1], value):
             label = f"other {function.__module__}:{name}".encode()
@@ -738,10 +761,6 @@ def _torch_replaced(function: FunctionType) -> list[_Replaced]:
         if id(module) in seen:
             continue
         seen.add(id(module))
-        if attributes is None:
-            attributes = _ATTRIBUTES_READ.get(code)
-            if attributes is None:
-                attributes = _ATTRIBUTES_READ[code] = frozenset(_attributes_read(code))
         there = vars(module)
         for name in sorted(attributes & there.keys()):
             value = there[name]
@@ -755,9 +774,21 @@ def _torch_replaced(function: FunctionType) -> list[_Replaced]:
     return found
 
 
+_NAMES_IN: weakref.WeakKeyDictionary[CodeType, frozenset[str]] = weakref.WeakKeyDictionary()
+"""A function's code → each name it has, global or attribute (:func:`_names_in`)."""
+
 _ATTRIBUTES_READ: weakref.WeakKeyDictionary[CodeType, frozenset[str]] = weakref.WeakKeyDictionary()
 """A function's code → the names it reads as attributes (:func:`_attributes_read`), worked
 out once: torch's own classes are looked through at each fingerprint worked out."""
+
+
+def _of_the_standard_library(value: Any) -> bool:
+    """Whether ``value`` is defined in Python's standard library (its ``__module__``)."""
+    module = getattr(value, "__module__", None)
+    return isinstance(module, str) and module.partition(".")[0] in _STANDARD
+
+
+_STANDARD = frozenset(sys.stdlib_module_names) | {"builtins"}
 
 
 def _torch_name(module: str) -> bool:
