@@ -7583,6 +7583,8 @@ DEVICES = os.environ.get("CUDA_VISIBLE_DEVICES", "")
 PROCESS = pid()
 TOKEN = token_hex(8)
 DRAWN = float(torch.rand(1))
+SEED = torch.initial_seed()
+OWNER = os.getuid()
 WORKERS = min(8, os.cpu_count() or 1)
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FOLDER = Path.cwd().name
@@ -7592,7 +7594,8 @@ class Ranked(Node):
     rank = LOCAL_RANK
 
     def forward(self, x, ctx):
-        assert RANK >= 0 and WORLD and PORT and RUN and PROCESS and TOKEN and DRAWN
+        assert RANK >= 0 and WORLD and PORT and RUN and PROCESS and TOKEN and DRAWN and SEED
+        assert OWNER >= 0
         assert WORKERS and DEVICE and FOLDER and DEVICES is not None
         return x * K + self.rank * 0
 """
@@ -7604,10 +7607,11 @@ def test_values_of_a_distributed_run_its_module_reads_as_it_loads_are_no_other_f
     """The values a node's module reads as it loads that say which process of a distributed
     run it is (its rank and world size, the port, the job's id, the devices it is given),
     or draws by chance under another name (``from os import getpid as pid``, ``token_hex``,
-    ``torch.rand``), or reads from the machine (its CPUs, whether it has a GPU) or the name
-    of the working folder, are named by how they are computed: each rank of a run sharing a
-    store has the same fingerprint, so none sees the others' answers as drifted. A value
-    read from the environment that is none of those still makes another fingerprint."""
+    ``torch.rand``, ``torch.initial_seed()``), or reads from the machine (its CPUs, whether
+    it has a GPU) or the name of the working folder, are named by how they are computed:
+    each rank of a run sharing a store has the same fingerprint, so none sees the others'
+    answers as drifted. A value read from the environment that is none of those still makes
+    another fingerprint."""
     _package(tmp_path, "ranked", nodes=_OF_A_DISTRIBUTED_RUN)
     script = "import os, sys\nos.chdir(sys.argv[1])\nimport ranked.nodes as m\n"
     script += "from somatize.catalog import fingerprint_of as f\nprint(f(m.Ranked))\n"

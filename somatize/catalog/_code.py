@@ -296,6 +296,10 @@ _RUN_BOUND = frozenset(
         "uname",
         "getuser",
         "getlogin",
+        "getuid",
+        "geteuid",
+        "get_native_id",
+        "getnode",
         # chance
         "random",
         "randint",
@@ -315,6 +319,8 @@ _RUN_BOUND = frozenset(
         "randn_like",
         "hash",
         "id",
+        "seed",
+        "initial_seed",
         "mkdtemp",
         "mkstemp",
         # the machine's means (a device of `cuda` where there is one) and the versions it
