@@ -7698,3 +7698,48 @@ def test_a_model_of_torchs_own_parts_lays_out_none_of_their_steps(tmp_path: Path
     script = tmp_path / "parts.py"
     _write(script, _TORCH_PARTS)
     assert _printed([str(script)]).strip() == "[]"
+
+
+class _LongestText(Node):
+    def forward(self, frame: Any, ctx: Any) -> int:
+        return max(len(text) for text in frame.column("text"))
+
+
+def test_an_answer_read_from_a_parquet_source_is_not_drifted_by_other_somatize_code(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Somatize's own classes (a ``Parquet`` source, whose code reaches the store's) are
+    the code a node is written against, as torch's are: an answer kept under a source
+    of somatize's is recalled, not `drifted`, by a somatize whose store code is other
+    (an upgrade; here a function of the local store's module replaced by another that
+    does the same), where no code of the user's changed."""
+    import pyarrow
+    import pyarrow.parquet
+
+    from somatize.data import Parquet, settle
+    from somatize.store import local
+
+    sink = pyarrow.BufferOutputStream()
+    pyarrow.parquet.write_table(pyarrow.table({"text": ["a", "bb", "ccc"] * 10}), sink)
+    store.bind("notes/train", store.put(sink.getvalue().to_pybytes()))
+
+    def longest() -> Graph:
+        graph = Graph.somatize(
+            Parquet(store, "notes/train").named("notes").frozen()
+            >> _LongestText().named("longest").frozen().cached()
+        )
+        settle(graph)
+        return graph
+
+    assert longest().forward({"at": 0, "take": 30}, store=store) == 3
+    was = local._kind_at
+
+    def kind_at(root: str) -> str | None:  # other code, doing the same
+        return was(root)
+
+    monkeypatch.setattr(local, "_kind_at", kind_at)
+    facts: list[dict[str, Any]] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SomatizeWarning)
+        assert longest().forward({"at": 0, "take": 30}, store=store, watching=facts.append) == 3
+    assert [f["fact"] for f in facts if f.get("node") == "longest"] == ["recalled"]

@@ -65,6 +65,7 @@ from somatize.catalog._members import (
     _Same,
     _same_package,
     _table,
+    _unwritten_lineage,
 )
 from somatize.catalog._names import (
     Looked,
@@ -109,7 +110,7 @@ def fingerprint_of(*kinds: type) -> str:
     lineage: dict[type, None] = {}
     for kind in kinds:
         for above in _ancestry(kind):
-            if not _left_out(above):
+            if not _unwritten_lineage(above):
                 lineage[above] = None
     known = _known(kinds, list(lineage))
     if known is not None:

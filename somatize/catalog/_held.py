@@ -65,6 +65,7 @@ from somatize.catalog._members import (
     _Slots,
     _slots_of,
     _somatize_own,
+    _unwritten_lineage,
     _value_base,
 )
 from somatize.catalog._project import main_named
@@ -459,7 +460,7 @@ def _plain_state(value: Any) -> tuple[Any, ...] | None:
         return None
     written = fingerprint_of(kind)  # its lineage's stamps checked, or their bodies read
     for above in kind.__mro__:  # each told unchanged by its stamp: no table, no object
-        if not _left_out(above):
+        if not _unwritten_lineage(above):
             stamped = _STAMPS.get(above)
             if stamped is None or stamped[0] is not _FINGERPRINTS.get(above):
                 return None

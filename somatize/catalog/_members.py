@@ -65,6 +65,15 @@ def _somatize_own(kind: type) -> bool:
     return kind.__module__.partition(".")[0] in ("somatize", "somatize_torch")
 
 
+def _unwritten_lineage(kind: type) -> bool:
+    """Whether a fingerprint leaves ``kind`` out of the lineage it digests: a class of the
+    library's (:func:`_left_out`), or of somatize's own packages (a source such as
+    ``Parquet``, a node's class inherits from or is): the code a node is written against,
+    not the node's, so an upgrade of somatize, whose store and sources its classes' code
+    reaches, drifts no answer kept by the one before."""
+    return _left_out(kind) or _somatize_own(kind)
+
+
 class _Same:
     """An object a class body holds, equal to another only when it holds the same object."""
 
