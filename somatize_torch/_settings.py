@@ -117,6 +117,8 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for prefix, part in module.named_modules():
         sub = stood_for(part)
+        if _compile_wrapper(sub):
+            continue  # torch's bookkeeping; the module it compiles is a part, named below
         worked_out = _worked_out(sub)
         # And what it keeps in the slots its class declares (`__slots__`), as a config's.
         for name, value in {**vars(sub), **_slots_of(sub, part=True)}.items():
@@ -134,6 +136,14 @@ def settings_of(module: nn.Module) -> dict[str, Any]:
             if seen is not _UNSEEN:
                 out[where] = seen
     return out
+
+
+def _compile_wrapper(part: nn.Module) -> bool:
+    """Whether ``part`` is the wrapper ``torch.compile`` makes of a module, which runs the
+    module it holds (its part ``_orig_mod``) with that module's own values: what it keeps
+    itself is torch's bookkeeping, an id of its own among it, so that named, each compile
+    of the module, in each process, would key it anew and recall nothing kept before."""
+    return type(part).__name__ == "OptimizedModule" and "_orig_mod" in part._modules
 
 
 _WORKED_OUT = (WeightNorm, SpectralNorm)

@@ -46,7 +46,7 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Collection, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -64,7 +64,14 @@ from somatize.errors import SomatizeError, SomatizeWarning
 from somatize.node import attributes_of, restates, sees_state
 from somatize_torch._modes import DrawsSeen
 from somatize_torch._precision import Named, entered, precision_on, settings
-from somatize_torch._settings import SettingsWatch, _configs_in, hooks_of, settings_of, stood_for
+from somatize_torch._settings import (
+    SettingsWatch,
+    _compile_wrapper,
+    _configs_in,
+    hooks_of,
+    settings_of,
+    stood_for,
+)
 from somatize_torch._state import (
     Read,
     StateWatch,
@@ -1393,8 +1400,12 @@ def named_class(module: nn.Module) -> type:
     the parametrizations, parts of the module (``parametrizations``) named in its
     declaration, their weights in its state, as a parametrized part's are. A model made by
     :func:`somatize.torch.wrap` is named by the class of the model it wraps
-    (:func:`~somatize_torch._settings.stood_for`)."""
+    (:func:`~somatize_torch._settings.stood_for`), and a module compiled by
+    ``torch.compile`` by the class of the module it compiles (its declaration says it is
+    compiled), not by torch's wrapper, whose attributes the key leaves out."""
     module = stood_for(module)
+    while _compile_wrapper(module):
+        module = stood_for(cast(nn.Module, module._modules["_orig_mod"]))
     kind = type(module)
     if kind.__module__ == parametrize.__name__ and parametrize.is_parametrized(module):
         return kind.__bases__[0]

@@ -1391,6 +1391,24 @@ def test_a_wrapped_module_is_called_as_the_module_it_wraps(store: Store, wrapper
     per_sample.close()
 
 
+def test_rows_of_a_compiled_module_are_recalled_through_another_compile_of_it(
+    store: Store,
+) -> None:
+    """Rows a module compiled by ``torch.compile`` computed are recalled by a cache of the
+    same module compiled again, as the next run of a script compiles it: the key named
+    what the compile wrapper keeps, an id of its own among it, so each compile (each
+    process) keyed every row anew and recalled nothing a run before it had kept."""
+    torch.manual_seed(0)
+    module, x = encoder(), images(6)
+    first = cache_rows(torch.compile(module, backend="eager"), store)
+    want = first(x)
+    first.close()
+    again = cache_rows(torch.compile(module, backend="eager"), store)
+    assert torch.equal(again(x), want)
+    assert (again.stats.computed, again.stats.from_store) == (0, 6)
+    again.close()
+
+
 def test_a_forward_replaced_later_is_read_anew(store: Store) -> None:
     """What a module's forward takes is read anew once the forward is replaced: an index
     refused while the forward takes one is taken by the cache once it no longer does, and
