@@ -10,6 +10,7 @@ import functools
 import gc
 import importlib
 import itertools
+import json
 import logging
 import math
 import os
@@ -7743,3 +7744,76 @@ def test_an_answer_read_from_a_parquet_source_is_not_drifted_by_other_somatize_c
         warnings.simplefilter("error", SomatizeWarning)
         assert longest().forward({"at": 0, "take": 30}, store=store, watching=facts.append) == 3
     assert [f["fact"] for f in facts if f.get("node") == "longest"] == ["recalled"]
+
+
+_CONFIGURED = """
+import json
+import os
+import types
+from pathlib import Path
+
+from somatize import Node
+
+from configured.settings import SETTINGS
+
+HERE = Path(__file__).parent
+CFG = types.SimpleNamespace(**json.loads((HERE / "config.json").read_text()))
+VERSION = CFG.version
+MODEL_VERSION = SETTINGS.version
+SCALE = 2 if VERSION == "v2" else 1
+SEED = CFG.seed
+RELEASE = CFG.release
+EXTRA = float(open(os.path.join(os.environ["HOME"], "extra.txt")).read())
+RANK = CFG.local_rank
+
+
+class Configured(Node):
+    def forward(self, x, ctx):
+        assert MODEL_VERSION
+        return x * SCALE + SEED + RELEASE + EXTRA + RANK * 0
+"""
+
+_SETTINGS = """
+import json
+import types
+from pathlib import Path
+
+SETTINGS = types.SimpleNamespace(**json.loads(Path(__file__).with_name("model.json").read_text()))
+"""
+
+
+def test_a_config_the_module_reads_as_it_loads_is_named_by_what_it_holds(
+    tmp_path: Path,
+) -> None:
+    """A value a node's module reads from its own config file as it loads is named by what it
+    holds, though its key is a word a run's value is named by too (``CFG.version``,
+    ``CFG.seed``, ``CFG.release``, and ``SCALE`` computed from one, or ``SETTINGS.version``
+    of a config another module reads), and so is a number read
+    from a file under ``$HOME``: another in the file is another fingerprint in a new process.
+    A rank of the config (``CFG.local_rank``), and another home holding the same file, are
+    not."""
+    package = _package(tmp_path, "configured", nodes=_CONFIGURED, settings=_SETTINGS)
+    homes = [tmp_path / "home", tmp_path / "other-home"]
+    config = {"version": "v1", "seed": 1, "release": 5, "local_rank": 0}
+
+    def fingerprint(
+        extra: str = "1.0", home: Path = homes[0], model: str = "m1", **changed: object
+    ) -> str:
+        (package / "config.json").write_text(json.dumps({**config, **changed}))
+        (package / "model.json").write_text(json.dumps({"version": model}))
+        home.mkdir(exist_ok=True)
+        (home / "extra.txt").write_text(extra)
+        return _fingerprints_in(tmp_path, "configured.nodes", "Configured", HOME=str(home))[0]
+
+    first = fingerprint()
+    assert fingerprint(home=homes[1], local_rank=1) == first
+    seen = {first}
+    for now in (
+        fingerprint(version="v2"),
+        fingerprint(seed=2),
+        fingerprint(release=6),
+        fingerprint(extra="2.0"),
+        fingerprint(model="m2"),
+    ):
+        assert now not in seen
+        seen.add(now)

@@ -392,6 +392,29 @@ not what it computes (:func:`_of_the_run`): a rank and world size of a distribut
 rank sharing a store would see the others' answers as drifted), its port, the devices it is
 given, a job's id, the user, the home, working or temporary folder."""
 
+_PLACE_ENVIRONMENT = frozenset({"HOME", "PWD", "OLDPWD", "TMPDIR", "TEMP", "TMP"})
+"""Variables of :data:`_RUN_ENVIRONMENT` that name a folder: a value made from one is of the
+run where it is a path, not where it is what a file found there holds (:func:`_of_the_run`)."""
+
+_ABSENT = object()
+
+_RUN_PLACE = frozenset(
+    {
+        "get_rank",
+        "get_world_size",
+        "get_local_rank",
+        "get_node_local_rank",
+        "local_rank",
+        "global_rank",
+        "node_rank",
+        "world_size",
+    }
+)
+"""Names of :data:`_RUN_BOUND` that say the place of the process in a distributed run
+wherever they are read (``args.local_rank``, ``trainer.global_rank``); the others are of the
+run only where read from a module (``sys.version``, ``torch.initial_seed()``), not from a
+value the module makes (``CFG.version``, ``cfg.seed`` of a config read from a file)."""
+
 _RUN_ENVIRONMENT_PREFIXES = (
     "SLURM_",
     "OMPI_",
@@ -446,33 +469,59 @@ def _of_the_run(owner: Any, body: list[ast.stmt] | None, name: str, value: Any) 
     read: set[str] = set()
     texts: set[str] = set()
     seen, queue = {name}, [made]
+
+    space = vars(sys.modules[module]) if isinstance(module, str) and module in sys.modules else {}
+
+    def made_here(named: str) -> ast.expr | None:
+        there = _assignment(body, named)
+        if there is None and around is not body:  # a class's, read from its module
+            there = _assignment(around, named)
+        return there
+
+    def of_code(named: str) -> bool:
+        """Whether the name the module reads is a module, a class or a function (``sys``,
+        ``Path``, ``getpid``), not a value (a config, made here or imported)."""
+        if made_here(named) is not None:
+            return False
+        held = space.get(named, _ABSENT)
+        return held is _ABSENT or isinstance(held, (ModuleType, type)) or callable(held)
+
     while queue:
         for node in ast.walk(queue.pop()):
             if isinstance(node, ast.Attribute):
-                read.add(node.attr)
+                root: ast.expr = node.value
+                while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
+                    root = root.func if isinstance(root, ast.Call) else root.value
+                # `sys.version`, `torch.initial_seed()`: of a module; `CFG.version`, of a
+                # value the module makes (a config read from a file), only a run's place
+                if node.attr in _RUN_PLACE or not isinstance(root, ast.Name) or of_code(root.id):
+                    read.add(node.attr)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 texts.add(node.value)
             elif isinstance(node, ast.Name):
-                read.add(node.id)
+                there = made_here(node.id)
+                if node.id in _RUN_PLACE or of_code(node.id):  # imported, or a builtin
+                    read.add(node.id)
                 source = imported.get(node.id)
                 if isinstance(source, tuple):  # `from os import getpid as pid`
                     read.update(source[0].split("."), source[1:])
                 if node.id in seen:
                     continue
                 seen.add(node.id)
-                there = _assignment(body, node.id)
-                if there is None and around is not body:  # a class's, read from its module
-                    there = _assignment(around, node.id)
                 if there is not None:
                     queue.append(there)
     if read & _RUN_BOUND:
         return True
-    if read & {"environ", "getenv"} and any(
-        text in _RUN_ENVIRONMENT or text.startswith(_RUN_ENVIRONMENT_PREFIXES) for text in texts
-    ):
+    environment = {
+        text
+        for text in texts
+        if text in _RUN_ENVIRONMENT or text.startswith(_RUN_ENVIRONMENT_PREFIXES)
+    }
+    if read & {"environ", "getenv"} and environment - _PLACE_ENVIRONMENT:
         return True
     # a path, or a part of one (`Path.cwd().name`), not what a file found there holds
-    return bool(read & _PLACE_BOUND) and (_path_like(value) or not read & _FILE_READ)
+    placed = read & _PLACE_BOUND or (read & {"environ", "getenv"} and environment)
+    return bool(placed) and (_path_like(value) or not read & _FILE_READ)
 
 
 _FILE_READ = frozenset(
