@@ -269,6 +269,23 @@ def _value_bytes(value: Any) -> bytes:
     return said if len(said) <= 256 else b"sha256 " + hashlib.sha256(said).digest()
 
 
+_RUN_PLACE = frozenset(
+    {
+        "get_rank",
+        "get_world_size",
+        "get_local_rank",
+        "get_node_local_rank",
+        "local_rank",
+        "global_rank",
+        "node_rank",
+        "world_size",
+    }
+)
+"""Names of :data:`_RUN_BOUND` that say the place of the process in a distributed run
+wherever they are read (``args.local_rank``, ``trainer.global_rank``); the others are of the
+run only where read from a module (``sys.version``, ``torch.initial_seed()``), not from a
+value the module makes (``CFG.version``, ``cfg.seed`` of a config read from a file)."""
+
 _RUN_BOUND = frozenset(
     {
         # the clock
@@ -340,17 +357,10 @@ _RUN_BOUND = frozenset(
         "system",
         "machine",
         "release",
-        # the place of the process among those of a distributed run (a rank of DDP, the
-        # size of its world)
-        "get_rank",
-        "get_world_size",
-        "get_local_rank",
-        "get_node_local_rank",
-        "local_rank",
-        "global_rank",
-        "node_rank",
-        "world_size",
     }
+    # the place of the process among those of a distributed run (a rank of DDP, the size of
+    # its world)
+    | _RUN_PLACE
 )
 """What a value computed as a module loads may read that differs from run to run, or from
 machine to machine, without changing what the code computes (:func:`_of_the_run`): the clock,
@@ -397,23 +407,6 @@ _PLACE_ENVIRONMENT = frozenset({"HOME", "PWD", "OLDPWD", "TMPDIR", "TEMP", "TMP"
 run where it is a path, not where it is what a file found there holds (:func:`_of_the_run`)."""
 
 _ABSENT = object()
-
-_RUN_PLACE = frozenset(
-    {
-        "get_rank",
-        "get_world_size",
-        "get_local_rank",
-        "get_node_local_rank",
-        "local_rank",
-        "global_rank",
-        "node_rank",
-        "world_size",
-    }
-)
-"""Names of :data:`_RUN_BOUND` that say the place of the process in a distributed run
-wherever they are read (``args.local_rank``, ``trainer.global_rank``); the others are of the
-run only where read from a module (``sys.version``, ``torch.initial_seed()``), not from a
-value the module makes (``CFG.version``, ``cfg.seed`` of a config read from a file)."""
 
 _RUN_ENVIRONMENT_PREFIXES = (
     "SLURM_",
