@@ -7817,3 +7817,34 @@ def test_a_config_the_module_reads_as_it_loads_is_named_by_what_it_holds(
     ):
         assert now not in seen
         seen.add(now)
+
+
+_SWAPPED_FOR_A_LAYER = """
+import os
+
+import torch
+import torch.nn.functional as F
+
+from somatize import Node
+
+if os.environ.get("SOMATIZE_TEST_SWAP") == "layer":
+    F.relu = torch.nn.Sigmoid()
+
+
+class Act(Node):
+    def forward(self, x, ctx):
+        return F.relu(x)
+"""
+
+
+def test_a_layer_of_torchs_set_in_place_of_a_torch_function_is_in_the_fingerprint(
+    tmp_path: Path,
+) -> None:
+    """A layer of torch's classes set in place of a torch function (``F.relu =
+    nn.Sigmoid()``) is no object torch made as it loaded: a node calling that function is of
+    another fingerprint than where torch's own is there, the same in every process."""
+    _package(tmp_path, "swapped", nodes=_SWAPPED_FOR_A_LAYER)
+    kept = _fingerprints_in(tmp_path, "swapped.nodes", "Act", SOMATIZE_TEST_SWAP="")
+    swapped = _fingerprints_in(tmp_path, "swapped.nodes", "Act", SOMATIZE_TEST_SWAP="layer")
+    assert swapped != kept
+    assert _fingerprints_in(tmp_path, "swapped.nodes", "Act", SOMATIZE_TEST_SWAP="layer") == swapped

@@ -816,8 +816,10 @@ def _torch_own(name: str, value: Any) -> bool:
     if at is value:
         return True
     # an object of torch's class torch makes as it loads (`torch.distributions.transform_to`,
-    # a registry), which no name finds again
-    return not isinstance(value, (FunctionType, BuiltinFunctionType, type)) and module == (
+    # a registry), which no name finds again — never a layer of torch's set in a function's
+    # place (`F.relu = nn.Sigmoid()`), which torch makes none of as it loads
+    layer = getattr(getattr(sys.modules.get("torch"), "nn", None), "Module", ())
+    return not isinstance(value, (FunctionType, BuiltinFunctionType, type, layer)) and module == (
         type(value).__module__
     )
 
