@@ -7752,6 +7752,8 @@ import os
 import types
 from pathlib import Path
 
+import torch
+
 from somatize import Node
 
 from configured.settings import SETTINGS
@@ -7765,11 +7767,13 @@ SEED = CFG.seed
 RELEASE = CFG.release
 EXTRA = float(open(os.path.join(os.environ["HOME"], "extra.txt")).read())
 RANK = CFG.local_rank
+GENERATOR = torch.Generator()
+DRAWN = GENERATOR.seed()
 
 
 class Configured(Node):
     def forward(self, x, ctx):
-        assert MODEL_VERSION
+        assert MODEL_VERSION and DRAWN
         return x * SCALE + SEED + RELEASE + EXTRA + RANK * 0
 """
 
@@ -7790,8 +7794,8 @@ def test_a_config_the_module_reads_as_it_loads_is_named_by_what_it_holds(
     ``CFG.seed``, ``CFG.release``, and ``SCALE`` computed from one, or ``SETTINGS.version``
     of a config another module reads), and so is a number read
     from a file under ``$HOME``: another in the file is another fingerprint in a new process.
-    A rank of the config (``CFG.local_rank``), and another home holding the same file, are
-    not."""
+    A rank of the config (``CFG.local_rank``), a seed a generator draws (``GENERATOR.seed()``)
+    and another home holding the same file, are not."""
     package = _package(tmp_path, "configured", nodes=_CONFIGURED, settings=_SETTINGS)
     homes = [tmp_path / "home", tmp_path / "other-home"]
     config = {"version": "v1", "seed": 1, "release": 5, "local_rank": 0}

@@ -480,14 +480,23 @@ def _of_the_run(owner: Any, body: list[ast.stmt] | None, name: str, value: Any) 
         return held is _ABSENT or isinstance(held, (ModuleType, type)) or callable(held)
 
     while queue:
+        called: set[int] = set()
         for node in ast.walk(queue.pop()):
-            if isinstance(node, ast.Attribute):
+            if isinstance(node, ast.Call):
+                called.add(id(node.func))  # walked before its function
+            elif isinstance(node, ast.Attribute):
                 root: ast.expr = node.value
                 while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
                     root = root.func if isinstance(root, ast.Call) else root.value
-                # `sys.version`, `torch.initial_seed()`: of a module; `CFG.version`, of a
-                # value the module makes (a config read from a file), only a run's place
-                if node.attr in _RUN_PLACE or not isinstance(root, ast.Name) or of_code(root.id):
+                # `sys.version`, `torch.initial_seed()`, `generator.seed()`: of a module or
+                # called; `CFG.version`, of a value the module makes (a config read from a
+                # file), only a run's place
+                if (
+                    id(node) in called
+                    or node.attr in _RUN_PLACE
+                    or not isinstance(root, ast.Name)
+                    or of_code(root.id)
+                ):
                     read.add(node.attr)
             elif isinstance(node, ast.Constant) and isinstance(node.value, str):
                 texts.add(node.value)
