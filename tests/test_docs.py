@@ -235,6 +235,42 @@ def test_what_comments_say_a_print_prints_is_taken() -> None:
     assert _unsaid(said[:2], "['a', 'b']\n2") == ["['a', 'b']"]  # in order
 
 
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+FENCED = re.compile(r"```.*?```", re.DOTALL)
+CODE = re.compile(r"```.*?```|`[^`\n]*`", re.DOTALL)
+
+
+def _headings(page: Path) -> set[str]:
+    """The anchors GitHub makes of ``page``'s headings: lower case, spaces as dashes,
+    punctuation other than dashes and underscores left out."""
+    text = FENCED.sub("", page.read_text())
+    titles = re.findall(r"^#+ (.*)$", text, re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-") for title in titles}
+
+
+def _broken_links(page: Path) -> list[str]:
+    """The links of ``page`` (out of its code) to a file of the project that is not
+    there, or to a heading its page does not have."""
+    broken = []
+    for target in LINK.findall(CODE.sub("", page.read_text())):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, heading = target.partition("#")
+        there = (page.parent / path).resolve() if path else page
+        if not there.exists() or (
+            heading and there.suffix == ".md" and heading not in _headings(there)
+        ):
+            broken.append(target)
+    return broken
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_links_lead_somewhere(page: Path) -> None:
+    """Each link of the README and docs/ leads to a file that is there and, into a page,
+    to a heading it has."""
+    assert _broken_links(page) == []
+
+
 def test_data_errors_are_where_their_table_says() -> None:
     """Each error docs/data.md says somatize.data refuses with is importable from the
     module its row names, and is the builtins its row says it is."""
