@@ -20,13 +20,16 @@ on misses and silently stop on hits.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import weakref
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn import DataParallel
 from torch.nn.parallel import DistributedDataParallel
+from torch.nn.utils.rnn import PackedSequence
 
 from somatize_torch._errors import gradient_cut, in_a_transform
 from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError, _describe
@@ -155,8 +158,8 @@ def _check_call(
             f"`{type(self.module).__name__}` is cached per row and was called with "
             f"{' and '.join(given)} beside its batch: a row is keyed by its input alone (or "
             "its index), so nothing else can reach the module — answers computed with one "
-            "value would be recalled for another. Keep the value in the module (a setting "
-            "is in the key) or call the module itself; sample indices go as `index=`"
+            f"value would be recalled for another. {_keep_beside(x, beside, more)}; sample "
+            "indices go as `index=`"
         )
     if index is not None and self.key_mode != "index":
         raise RowsError(
@@ -197,7 +200,7 @@ def _check_call(
     ):
         raise NotRowwise(
             f"a row-cached module is called with a batch tensor (rows along dimension 0), "
-            f"got {_describe(x)}"
+            f"got {_describe(x)}{_one_batch(self.module, x)}"
         )
     elif torch._C._functorch.is_functorch_wrapped_tensor(x):
         raise in_a_transform(
@@ -224,3 +227,89 @@ def _check_call(
             "on misses and silently stop on hits. Freeze what feeds it, or call the module "
             "itself"
         )
+
+
+_MADE_INSIDE = "inside the module (a padding mask as `input_ids != pad_id`)"
+_STACKED = (
+    "(`torch.stack([ids, mask], dim=1)`, taken apart inside the module), whose rows are keyed whole"
+)
+"""How a value for each row (an attention mask) may reach a module cached per row: made
+from its batch, or in its batch."""
+
+
+def _keep_beside(x: Any, beside: tuple[Any, ...], more: dict[str, Any]) -> str:
+    """What to do with the arguments ``beside`` and ``more`` handed beside the batch ``x``:
+    a value for each row (an attention mask) is part of each row's input, so it goes into
+    the batch, or is made from it; any other is a setting of the module's."""
+    rows = _rows_of(x)
+    per_row = [f"`{name}=`" for name, value in more.items() if _holds_rows(value, rows)]
+    per_row[:0] = [
+        "The argument after the batch" if at == 0 else f"Argument {at + 2} of the call"
+        for at, value in enumerate(beside)
+        if _holds_rows(value, rows)
+    ]
+    if not per_row:
+        return "Keep the value in the module (a setting is in the key) or call the module itself"
+    verb = "holds" if len(per_row) == 1 else "hold"
+    return (
+        f"{' and '.join(per_row)} {verb} a value for each row: make it from the batch "
+        f"{_MADE_INSIDE}, or hand the module one batch holding both {_STACKED}"
+    )
+
+
+def _rows_of(x: Any) -> int | None:
+    """How many rows the batch ``x`` has; None where it is no batch."""
+    if isinstance(x, torch.Tensor):
+        return int(x.shape[0]) if x.dim() else None
+    return len(x) if isinstance(x, DeferredRows) else None
+
+
+def _holds_rows(value: Any, rows: int | None) -> bool:
+    """Whether ``value`` is a tensor with one row for each of the batch's ``rows``."""
+    return isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == rows
+
+
+def _one_batch(module: torch.nn.Module, x: Any) -> str:
+    """What to hand ``module``'s cache in place of ``x``, which is no batch tensor: sequences
+    of varying length padded into one, or one of the tensors of a tokenizer's batch (the
+    module's input by the name its forward gives it, where one is so named), the rest made
+    from it inside the module or stacked with it. Empty where there is nothing to say
+    beyond what ``x`` is."""
+    if isinstance(x, PackedSequence):  # before the tuples: it is a named tuple
+        return (
+            ": pad it into one batch tensor, the first of what "
+            "`pad_packed_sequence(batch, batch_first=True)` returns"
+        )
+    if isinstance(x, torch.Tensor) and x.is_nested:
+        return ": pad it into one batch tensor, `batch.to_padded_tensor(0)`"
+    found = _tensors_in(x)
+    if not found:
+        return ""
+    named = _input_name(module)
+    picked = next((read for name, read in found if name == named), found[0][1])
+    if isinstance(x, list) or (isinstance(x, tuple) and not hasattr(x, "_fields")):
+        held = f"{len(found)} tensors"
+    else:
+        held = ", ".join(f"`{name}`" for name, _ in found)
+    return (
+        f" of {held}. Hand it one, `cached({picked})`, and make what else the module "
+        f"reads from it {_MADE_INSIDE}, or stack them into one batch {_STACKED}; or cache "
+        "the module per batch (`somatize.torch.wrap(module, frozen=True, cached=True)`)"
+    )
+
+
+def _tensors_in(x: Any) -> list[tuple[str, str]]:
+    """The tensors a batch of several holds (a dict or other mapping, a dataclass, a named
+    tuple, a tuple or list), each as its name and how it is read out of ``batch``."""
+    items: list[tuple[str, str, Any]]
+    if isinstance(x, Mapping):
+        items = [(str(k), f"batch[{k!r}]".replace("'", '"'), v) for k, v in x.items()]
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        items = [(f.name, f"batch.{f.name}", getattr(x, f.name)) for f in dataclasses.fields(x)]
+    elif isinstance(x, tuple) and hasattr(x, "_fields"):
+        items = [(name, f"batch.{name}", v) for name, v in zip(x._fields, x, strict=False)]
+    elif isinstance(x, (tuple, list)):
+        items = [(f"batch[{at}]", f"batch[{at}]", v) for at, v in enumerate(x)]
+    else:
+        return []
+    return [(name, read) for name, read, value in items if isinstance(value, torch.Tensor)]

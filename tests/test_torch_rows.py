@@ -6,6 +6,7 @@ import array
 import collections
 import contextlib
 import copy
+import dataclasses
 import errno
 import functools
 import logging
@@ -1277,6 +1278,87 @@ def test_the_batch_goes_by_the_name_the_modules_forward_gives_it(store: Store) -
         cached(input_ids=ids, attention_mask=mask)
     with pytest.raises(RowsError, match=r"`tokens=`.*no batch.*`input_ids=`"):
         cached(tokens=ids)
+    cached.close()
+
+
+def test_a_mask_beside_the_batch_is_refused_saying_how_it_can_be_keyed(store: Store) -> None:
+    """An attention mask handed beside token ids, by name or by place, holds a value for
+    each row: it is refused saying to make it from the ids inside the module or to hand one
+    batch holding both, whose rows are keyed whole — not to keep it in the module as a
+    setting, which no per-row value can be. Nothing is kept."""
+    torch.manual_seed(0)
+    ids = torch.randint(1, 50, (4, 7))
+    mask = torch.ones_like(ids)
+    cached = cache_rows(Tokens(), store)
+    said = r"holds a value for each row.*inside the module.*torch\.stack\(\[ids, mask\], dim=1\)"
+    with pytest.raises(RowsError, match=rf"`attention_mask=` {said}"):
+        cached(input_ids=ids, attention_mask=mask)
+    with pytest.raises(RowsError, match=rf"The argument after the batch {said}"):
+        cached(ids, mask)
+    assert cached.tiers[0].rows == 0 and cached.stats.computed == 0
+    cached.close()
+
+
+@dataclasses.dataclass
+class Encoded:
+    """A tokenizer's batch kept as a dataclass."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+
+
+class Encoding(collections.UserDict):  # type: ignore[type-arg]
+    """A tokenizer's batch kept as a mapping that is no dict, as transformers' own is."""
+
+
+Pair = collections.namedtuple("Pair", ["input_ids", "attention_mask"])
+
+
+@pytest.mark.parametrize(
+    ("make", "hand"),
+    [
+        (lambda ids, mask: {"input_ids": ids, "attention_mask": mask}, r'batch\["input_ids"\]'),
+        (lambda ids, mask: Encoding(input_ids=ids, attention_mask=mask), r'batch\["input_ids"\]'),
+        (lambda ids, mask: Pair(ids, mask), r"batch\.input_ids"),
+        (lambda ids, mask: Encoded(ids, mask), r"batch\.input_ids"),
+        (lambda ids, mask: (ids, mask.sum(1)), r"batch\[0\]"),
+        (lambda ids, mask: [ids, mask], r"batch\[0\]"),
+    ],
+)
+def test_a_batch_of_several_tensors_is_refused_naming_the_one_to_hand(
+    store: Store, make: Callable[[torch.Tensor, torch.Tensor], Any], hand: str
+) -> None:
+    """A tokenizer's batch handed whole (a dict, a mapping, a named tuple, a dataclass, a
+    tuple of ids and lengths) is refused naming the tensor in it to hand, and how the rest
+    may reach the module: made from it inside, or stacked with it into one batch."""
+    ids = torch.randint(1, 50, (4, 7))
+    cached = cache_rows(Tokens(), store)
+    with pytest.raises(
+        NotRowwise, match=rf"`cached\({hand}\)`.*inside the module.*torch\.stack\(\["
+    ):
+        cached(make(ids, torch.ones_like(ids)))
+    cached.close()
+
+
+@pytest.mark.parametrize(
+    ("make", "pad"),
+    [
+        (
+            lambda rows: nn.utils.rnn.pack_sequence(rows, enforce_sorted=False),
+            r"`pad_packed_sequence\(batch, batch_first=True\)`",
+        ),
+        (lambda rows: torch.nested.nested_tensor(rows), r"`batch\.to_padded_tensor\(0\)`"),
+    ],
+)
+def test_a_batch_of_sequences_of_varying_length_is_refused_saying_how_to_pad_it(
+    store: Store, make: Callable[[list[torch.Tensor]], Any], pad: str
+) -> None:
+    """Sequences of varying length packed (a ``PackedSequence``) or nested are refused
+    saying how to pad them into a batch tensor, rows along dimension 0."""
+    rows = [torch.randn(n, 4) for n in (3, 5, 2)]
+    cached = cache_rows(nn.Linear(4, 2), store)
+    with pytest.raises(NotRowwise, match=rf"pad it.*{pad}"):
+        cached(make(rows))
     cached.close()
 
 
