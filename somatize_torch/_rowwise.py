@@ -319,6 +319,7 @@ def _check_rowwise(
             # It answered the batch, so what it cannot do is answer a row on its own.
             _refuse_alone(self, which, len(out), error)
         row = out[at : at + 1]
+        reshaped = _reshaped(alone, row)
         if isinstance(alone, torch.Tensor) and alone.shape == row.shape:
             difference = _difference(alone, row)
             if difference <= limit:
@@ -331,7 +332,7 @@ def _check_rowwise(
             got = f"{_describe(alone)}, not a tensor of shape {list(row.shape)}"
         if not _still_keyed(self, watch):
             return  # run with other weights than the batch: nothing seen, looked at again
-        _refuse_mixing(self, which, len(out), got)
+        _refuse_mixing(self, which, len(out), got, reshaped)
     if not alike:
         keying.rowwise = True
 
@@ -443,14 +444,37 @@ def _refuse_alone(self: CachedRows, which: str, rows: int, error: Exception) -> 
     ) from error
 
 
-def _refuse_mixing(self: CachedRows, which: str, rows: int, got: str) -> None:
+def _reshaped(alone: Any, row: torch.Tensor) -> bool:
+    """Whether ``alone``, a row's answer alone, is one row as ``row`` is, in another shape:
+    the shape of a row's answer follows its batch (a text encoder run only as far as its
+    batch's longest sequence), which no order of the batch's dimensions changes."""
+    return (
+        isinstance(alone, torch.Tensor)
+        and alone.dim() == row.dim()
+        and alone.shape[:1] == row.shape[:1]
+        and alone.shape != row.shape
+    )
+
+
+def _refuse_mixing(self: CachedRows, which: str, rows: int, got: str, reshaped: bool) -> None:
+    if reshaped:
+        why = (
+            "The shape of its answer for a row follows its batch (it runs as far as the "
+            "batch's longest sequence, say)"
+        )
+        instead = (
+            "have it answer rows of one shape whatever its batch holds (pad to a fixed "
+            "length, and answer for every place)"
+        )
+    else:
+        why = "Its answer for a row depends on the other rows of its batch"
+        instead = "put the batch first (`batch_first=True` for a transformer layer or an RNN)"
     raise NotRowwise(
         f"`{type(self.module).__name__}` answers a row differently alone than in a batch: "
-        f"the {which} of {rows} rows, run again on its own, came back with {got}. Its answer "
-        "for a row depends on the other rows of its batch, so an answer kept from one "
-        "batch would be recalled in a batch of other rows, wrongly. A module cached per "
-        "row takes rows along dimension 0 and answers each on its own: put the batch "
-        "first (`batch_first=True` for a transformer layer or an RNN), or cache it per "
+        f"the {which} of {rows} rows, run again on its own, came back with {got}. "
+        f"{why}, so an answer kept from one batch would be recalled "
+        "in a batch of other rows, wrongly. A module cached per row takes rows along "
+        f"dimension 0 and answers each on its own: {instead}, or cache it per "
         "batch (`somatize.torch.wrap(module, frozen=True, cached=True)`). A module that "
         "draws at random as it runs (sampling noise, dropout kept on) answers no row the "
         "same way twice, and cannot be cached at all"

@@ -3340,6 +3340,37 @@ class InPlace(nn.Module):
         return x.mul_(2)
 
 
+class UpToLongest(nn.Module):
+    """Embeds token ids only as far as its batch's longest sequence (0 pads the rest), as a
+    text encoder that trims the padding of its batch does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(50, 4, padding_idx=0)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        longest = int((ids != 0).sum(1).max())
+        return self.embedding(ids[:, :longest])
+
+
+def test_a_module_answering_a_row_alone_in_another_shape_is_told_to_answer_one_shape(
+    store: Store,
+) -> None:
+    """A text encoder answering as far as its batch's longest sequence answers a short row
+    alone in another shape than in its batch: it is refused saying that its answer's
+    shape follows the batch and to answer rows of one shape (pad to a fixed length), not
+    to put the batch first, which it already does. Nothing is kept."""
+    ids = torch.zeros(3, 12, dtype=torch.long)
+    for row, length in enumerate((3, 9, 5)):
+        ids[row, :length] = torch.arange(1, length + 1)
+    cached = cache_rows(UpToLongest(), store)
+    with pytest.raises(NotRowwise, match=r"batch's longest sequence.*pad to a fixed length") as why:
+        cached(ids)
+    assert "batch_first" not in str(why.value)
+    assert cached.tiers[0].rows == 0
+    cached.close()
+
+
 def test_a_module_that_mixes_rows_is_refused(store: Store) -> None:
     """A module whose answer for a row depends on the rest of its batch — a transformer
     layer whose dimension 0 is the sequence, a running sum along it — is refused with what
