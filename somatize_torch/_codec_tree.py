@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from somatize.catalog import held_at
-from somatize.catalog._project import main_named
+from somatize.catalog._project import qualified
 from somatize.codecs import Unreadable
 from somatize_torch.digest import DTYPES
 
@@ -118,7 +118,7 @@ def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, order
         return {kind.__name__: pairs}
     fields = _named_tuple(kind) if issubclass(kind, tuple) else None
     if fields is not None:
-        named = f"{main_named(kind.__module__)}:{kind.__qualname__}"
+        named = qualified(kind)
         if _class_at(named, fields) is not kind:
             raise _Refused(
                 where,

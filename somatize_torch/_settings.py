@@ -40,7 +40,7 @@ from somatize._arrays import looked_at as _looked_at
 from somatize._arrays import same_array as _same_array
 from somatize.canonical import NotCanonical
 from somatize.catalog import code_digest, globals_read
-from somatize.catalog._project import main_named
+from somatize.catalog._project import qualified
 from somatize_torch._modes import outside_compiled
 from somatize_torch.digest import digest_tensor
 
@@ -774,9 +774,10 @@ def _code_of(hook: Any, depth: int = 0) -> Any:
 
 
 def _name_of(thing: Any) -> str:
-    module = getattr(thing, "__module__", "?")  # a script's as `__main__` where spawned too
-    named = main_named(module) if isinstance(module, str) else module
-    return f"{named}:{getattr(thing, '__qualname__', '?')}"
+    module = getattr(thing, "__module__", "?")
+    if isinstance(module, str) and hasattr(thing, "__qualname__"):
+        return qualified(thing)  # a script's as `__main__` where spawned too
+    return f"{module}:{getattr(thing, '__qualname__', '?')}"  # a builtin of no module (None)
 
 
 _UNSEEN = object()

@@ -77,7 +77,7 @@ from somatize.catalog._names import (
     _torch_name,
     _torch_replaced,
 )
-from somatize.catalog._project import main_named
+from somatize.catalog._project import qualified
 
 Body = tuple[tuple[str, Any], ...]
 """What a class's own body held when its fingerprint was worked out (:func:`_body_of`)."""
@@ -123,10 +123,7 @@ def fingerprint_of(*kinds: type) -> str:
     filled, by_forward = _fillers(lineage)
     state |= filled
     kept = by_forward - state
-    entries = sorted(
-        (f"{main_named(k.__module__)}:{k.__qualname__}".encode(), _written(k, state, kept))
-        for k in lineage
-    )
+    entries = sorted((qualified(k).encode(), _written(k, state, kept)) for k in lineage)
     digest = hashlib.sha256(b"somatize code 3\0")
     for name, written in entries:
         digest.update(len(name).to_bytes(8, "little") + name + written)
@@ -164,7 +161,7 @@ def _note_known(kinds: tuple[type, ...], lineage: list[type], said: str) -> None
     ):
         _KNOWN.pop(kinds[0], None)
         return
-    names = tuple(f"{main_named(kind.__module__)}:{kind.__qualname__}" for kind in lineage)
+    names = tuple(qualified(kind) for kind in lineage)
     _KNOWN[kinds[0]] = (tuple(map(weakref.ref, (*kinds, *lineage))), names, entries, said)
 
 
@@ -190,7 +187,7 @@ def _known(kinds: tuple[type, ...], lineage: list[type]) -> str | None:
             stamp is None
             or stamp[0] is not entry
             or _FINGERPRINTS.get(kind) is not entry
-            or f"{main_named(kind.__module__)}:{kind.__qualname__}" != name
+            or qualified(kind) != name
             or _stamp_of(kind) != stamp[1]
             or not all(_still(*looked) for looked in stamp[0][1])
         ):
@@ -432,7 +429,7 @@ def _held_class_bytes(held: type) -> bytes:
     the same in every process running the same code — so that another class held, or the
     held class edited, is other code."""
     if _left_out(held):
-        return f"library {main_named(held.__module__)}:{held.__qualname__}".encode()
+        return f"library {qualified(held)}".encode()
     return _helper_class_bytes(held)
 
 

@@ -34,7 +34,7 @@ from somatize.catalog._members import (
     _put,
     _Same,
 )
-from somatize.catalog._project import main_named
+from somatize.catalog._project import qualified
 from somatize.catalog._rebuild import identity_of
 
 _FUNCTIONS: weakref.WeakKeyDictionary[FunctionType, tuple[Any, bytes]] = weakref.WeakKeyDictionary()
@@ -364,7 +364,7 @@ def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
             return b"itself"
         return b"function " + _function_bytes(value, within)
     if isinstance(value, type) and name == "__class__":  # the class the code is written in
-        return f"class {main_named(value.__module__)}:{value.__qualname__}".encode()
+        return f"class {qualified(value)}".encode()
     if isinstance(value, type) and identity_of(value) is not None:
         return f"class {identity_of(value)}".encode()
     if isinstance(value, ModuleType):
@@ -388,4 +388,4 @@ def _value_bytes(value: Any) -> bytes:
         if held is not None:
             return held
     kind = type(value)
-    return f"a {main_named(kind.__module__)}:{kind.__qualname__}".encode()
+    return f"a {qualified(kind)}".encode()

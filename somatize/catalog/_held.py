@@ -68,7 +68,7 @@ from somatize.catalog._members import (
     _unwritten_lineage,
     _value_base,
 )
-from somatize.catalog._project import main_named
+from somatize.catalog._project import qualified
 from somatize.catalog._rebuild import identity_of
 
 _NO_SELF = (ModuleType, type(None))
@@ -83,7 +83,7 @@ def _builtin_bytes(function: BuiltinFunctionType) -> bytes | None:
     computes with (``re.compile("a").search``)."""
     bound = function.__self__
     if isinstance(bound, _NO_SELF):
-        return f"builtin {main_named(function.__module__)}:{function.__qualname__}".encode()
+        return f"builtin {qualified(function)}".encode()
     if isinstance(bound, type) and identity_of(bound) is not None:
         return f"builtin {identity_of(bound)}.{function.__name__}".encode()
     return None
@@ -577,11 +577,11 @@ def _library_bytes(value: Any) -> bytes | None:
     from them elsewhere, whose code may say otherwise."""
     kind = type(value)
     if kind in _BY_TYPE:
-        return f"a {main_named(kind.__module__)}:{kind.__qualname__}".encode()
+        return f"a {qualified(kind)}".encode()
     if (kind in _BY_REPR and _tz_said(value)) or (
         kind.__module__ == "torch" and kind.__qualname__ in _TORCH_BY_REPR
     ):
-        return f"value {main_named(kind.__module__)}:{kind.__qualname__} {value!r}".encode()
+        return f"value {qualified(kind)} {value!r}".encode()
     if _type_alias(kind):  # `Out = dict[str, int]`, `typing.Optional[int]`: as it reads
         said = repr(value)
         if " at 0x" not in said:  # no object of its own that says no more than where it is
@@ -630,7 +630,7 @@ def _sink_bytes(file: io.IOBase) -> bytes | None:
     except Exception:  # a file that cannot say (detached, or gone)
         return None
     kind = type(file)
-    return f"file {main_named(kind.__module__)}:{kind.__qualname__}".encode()
+    return f"file {qualified(kind)}".encode()
 
 
 def _walking() -> set[int]:
@@ -800,9 +800,7 @@ class _Walk:
         if kind in _NAMESPACES:  # settings: by what they hold, as an object's attributes
             spaced = self.attributes(value)
             pairs = [a.encode() + b"\0" + self.name(spaced[a], deeper) for a in sorted(spaced)]
-            return _joined(
-                f"namespace {main_named(kind.__module__)}:{kind.__qualname__}".encode(), pairs
-            )
+            return _joined(f"namespace {qualified(kind)}".encode(), pairs)
         if kind is types.MappingProxyType:  # a view of a dict: by its items, and seen
             self.see(value)
             items = [self.name(k, deeper) + self.name(v, deeper) for k, v in value.items()]
@@ -884,7 +882,7 @@ class _Walk:
             kinds.discard(kind)
         lineage = _not_library(kind)
         self.read += map(vars, lineage)
-        parts = [f"{main_named(kind.__module__)}:{kind.__qualname__} {written}".encode()]
+        parts = [f"{qualified(kind)} {written}".encode()]
         for above in lineage:
             for name, member in sorted(vars(above).items()):
                 if _unwritten(name, member):

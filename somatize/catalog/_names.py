@@ -85,7 +85,7 @@ from somatize.catalog._members import (
     _table,
     _value_base,
 )
-from somatize.catalog._project import main_named
+from somatize.catalog._project import main_named, qualified
 
 Looked = tuple[tuple["weakref.ref[Any]", str, Any], ...]
 """Each global name a fingerprint looked up: a function that reads it (in whose module
@@ -396,9 +396,7 @@ def _elsewhere_object_bytes(
         return b"library " + library
     kind = type(value)
     written = b"made by " + _made_by(text, made, {as_named})
-    return _joined(
-        b"written", [f"{main_named(kind.__module__)}:{kind.__qualname__}".encode(), written]
-    )
+    return _joined(b"written", [qualified(kind).encode(), written])
 
 
 def _held_weakly(value: Any) -> Any:
@@ -510,7 +508,7 @@ def _class_code(kind: type) -> bytes:
     (:func:`_function_bytes`; one made for them from a text of its own by its defaults,
     :func:`_made_function_bytes`), each plain value, and each dict, list or set of plain
     values as the class's text writes it — not what these name in turn."""
-    pieces = [f"{main_named(kind.__module__)}:{kind.__qualname__}".encode()]
+    pieces = [qualified(kind).encode()]
     for above in _read_through(kind):  # `Helper.by` finds a value on its metaclass too
         for name, member in sorted(vars(above).items(), key=lambda item: item[0]):
             for function in _functions_in(member):
@@ -537,7 +535,7 @@ def _class_code(kind: type) -> bytes:
         if isinstance(factory, FunctionType):
             maker = _function_bytes(factory)
         elif isinstance(factory, type):
-            maker = f"class {main_named(factory.__module__)}:{factory.__qualname__}".encode()
+            maker = f"class {qualified(factory)}".encode()
         else:
             maker = _opaque_bytes(factory) or _token_of(factory)
         pieces.append(f"{kind.__qualname__}.{name}()=".encode() + maker)
@@ -664,7 +662,7 @@ def _elsewhere_bytes(function: FunctionType) -> bytes:
     """A function of another module that is not what that module holds under its name
     (:func:`_as_imported`), by that name and its code (:func:`_code_bytes`), the same in
     every process running the same code."""
-    name = f"{main_named(function.__module__)}:{function.__qualname__}".encode()
+    name = qualified(function).encode()
     return _joined(b"elsewhere", [name, _code_bytes(function.__code__)])
 
 
@@ -698,7 +696,7 @@ def _helper_bytes(value: Any, wrapped: FunctionType) -> list[bytes]:
     """A helper ``value`` that wraps ``wrapped`` (:func:`_helper_in`), by how that function
     is written, what a partial binds (:func:`_bound_in`), and the wrapper's class."""
     kind = type(value)
-    made = f"{main_named(kind.__module__)}:{kind.__qualname__}".encode()
+    made = qualified(kind).encode()
     wrappers = _functions_in(value)[1:]  # a decorator of the code's, under `lru_cache`
     return [made, _function_bytes(wrapped), *map(_function_bytes, wrappers), *_bound_in(value)]
 

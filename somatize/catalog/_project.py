@@ -19,6 +19,7 @@ import site
 import sys
 import sysconfig
 from types import ModuleType
+from typing import Any
 
 
 def main_named(module: str) -> str:
@@ -29,6 +30,13 @@ def main_named(module: str) -> str:
     if module == "__mp_main__" or module.startswith("__mp_main__."):
         return "__main__" + module[len("__mp_main__") :]
     return module
+
+
+def qualified(named: Any) -> str:
+    """``module:qualname`` of ``named``, a class or function, its module as
+    :func:`main_named` says it: what every key, fingerprint and identity names it by, the
+    same in the script and in a process ``multiprocessing`` spawns from it."""
+    return f"{main_named(named.__module__)}:{named.__qualname__}"
 
 
 def project_of(top: str) -> str | None:

@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
-from somatize.catalog._project import main_named
+from somatize.catalog._project import qualified
 from somatize.errors import SomatizeError
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def identity_of(kind: type) -> str | None:
         return None
     if not _held_under_its_name(kind):
         return None
-    return f"{main_named(kind.__module__)}:{qualname}"
+    return qualified(kind)
 
 
 def nameless_because(kind: type) -> tuple[str, str]:
