@@ -553,6 +553,40 @@ def test_a_script_s_dataclass_default_made_by_its_class_is_the_same_code_when_sp
     assert spawned == here
 
 
+_SCRIPT_SPAWNING_A_COUNTER = """
+import multiprocessing
+from somatize import Node
+from somatize.catalog import fingerprint_of
+
+CALLS = 0
+
+def counted(x):
+    global CALLS
+    CALLS += 1
+    return x
+
+class Counts(Node):
+    def forward(self, x, ctx):
+        return counted(x)
+
+def said():
+    return fingerprint_of(Counts)
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(pool.apply(said), said())
+"""
+
+
+def test_a_script_s_global_its_code_sets_is_the_same_code_when_spawned(tmp_path: Path) -> None:
+    """A global of the script its node's code sets as it runs (``global CALLS``), taken as
+    the script's text assigns it, is the same code in a process ``multiprocessing``
+    spawns, which loads the script as ``__mp_main__``, as in the script."""
+    _write(tmp_path / "counter.py", _SCRIPT_SPAWNING_A_COUNTER)
+    spawned, here = _printed([str(tmp_path / "counter.py")]).split()
+    assert spawned == here
+
+
 def test_a_node_of_a_checkout_beside_the_library_is_the_same_code_from_any_folder(
     tmp_path: Path,
 ) -> None:

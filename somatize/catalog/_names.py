@@ -359,7 +359,9 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     for module, name in stored & looked.keys():
         made = _assignment(_module_body(module), name)
         if made is not None:
-            named.append((f"state {module}:{name}".encode(), ast.unparse(made).encode()))
+            named.append(
+                (f"state {main_named(module)}:{name}".encode(), ast.unparse(made).encode())
+            )
     return sorted(named), tuple(entry for place, entry in looked.items() if place not in stored)
 
 
