@@ -587,6 +587,43 @@ def test_a_script_s_global_its_code_sets_is_the_same_code_when_spawned(tmp_path:
     assert spawned == here
 
 
+_SCRIPT_SPAWNING_A_REPLACED_TORCH_FUNCTION = """
+import multiprocessing
+import torch.nn.functional as F
+
+def plain(x):
+    return x
+
+F.relu = plain
+from torch.nn.functional import relu
+from somatize import Node
+from somatize.catalog import fingerprint_of
+
+class Uses(Node):
+    def forward(self, x, ctx):
+        return relu(x)
+
+def said():
+    return fingerprint_of(Uses)
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(pool.apply(said), said())
+"""
+
+
+def test_a_torch_function_a_script_replaced_is_the_same_code_when_spawned(
+    tmp_path: Path,
+) -> None:
+    """A function of torch's that a script sets to one of its own before importing it
+    (``F.relu = plain``, then ``from torch.nn.functional import relu``) is the same code in
+    a process ``multiprocessing`` spawns, which loads the script as ``__mp_main__``, as in
+    the script."""
+    _write(tmp_path / "replacing.py", _SCRIPT_SPAWNING_A_REPLACED_TORCH_FUNCTION)
+    spawned, here = _printed([str(tmp_path / "replacing.py")]).split()
+    assert spawned == here
+
+
 def test_a_node_of_a_checkout_beside_the_library_is_the_same_code_from_any_folder(
     tmp_path: Path,
 ) -> None:

@@ -753,7 +753,7 @@ def _replaced_among(
             continue  # `OrderedDict`, `chain`: set in no place of torch's, its text not read
         source = _imports_of(function.__module__).get(name)  # parsed once per module
         if source is not None and _torch_name(source[0]) and not _torch_own(source[1], value):
-            label = f"other {function.__module__}:{name}".encode()
+            label = f"other {main_named(function.__module__)}:{name}".encode()
             found.append(((function.__module__, name), label, _replaced_bytes(value), None, value))
     seen: set[int] = set()
     while modules:
@@ -831,6 +831,8 @@ def _replaced_bytes(value: Any) -> bytes:
     that is named (:func:`_opaque_bytes`), else by a mark of that very object — the same in
     every process setting the same, never torch's own."""
     module = getattr(value, "__module__", None)
+    if isinstance(module, str):  # a script's as `__main__` where spawned too
+        module = main_named(module)
     qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
     name = f"{module}:{qualname}".encode()
     if isinstance(value, FunctionType):
