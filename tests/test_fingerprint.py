@@ -517,10 +517,30 @@ def test_a_script_s_node_kept_in_a_spawned_process_is_recalled_in_the_script(
     assert printed == ["6", "ran", "kept", "finished", "|", "6", "recalled", "finished"]
 
 
-_SCRIPT_SPAWNING_A_FACTORY = """
-import dataclasses, multiprocessing
-from somatize import Node
+_SAYING_SPAWNED_AND_HERE = """
+import multiprocessing
 from somatize.catalog import fingerprint_of
+
+def said():
+    return fingerprint_of({node})
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(pool.apply(said), said())
+"""
+
+
+def _fingerprints_spawned_and_here(tmp_path: Path, script: str, node: str) -> list[str]:
+    """The fingerprint of the class ``node`` of ``script``, run as a script: in a process
+    ``multiprocessing`` spawns from it, which loads it as ``__mp_main__``, and in it."""
+    path = tmp_path / "script.py"
+    _write(path, script + _SAYING_SPAWNED_AND_HERE.format(node=node))
+    return _printed([str(path)]).split()
+
+
+_SCRIPT_SPAWNING_A_FACTORY = """
+import dataclasses
+from somatize import Node
 
 class Bag:
     pass
@@ -532,13 +552,6 @@ class Holder:
 class Uses(Node):
     def forward(self, x, ctx):
         return (Holder(), x)[1]
-
-def said():
-    return fingerprint_of(Uses)
-
-if __name__ == "__main__":
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        print(pool.apply(said), said())
 """
 
 
@@ -548,15 +561,12 @@ def test_a_script_s_dataclass_default_made_by_its_class_is_the_same_code_when_sp
     """A helper dataclass whose default a class of the script makes
     (``field(default_factory=Bag)``) is the same code in a process ``multiprocessing``
     spawns, which loads the script as ``__mp_main__``, as in the script."""
-    _write(tmp_path / "factory.py", _SCRIPT_SPAWNING_A_FACTORY)
-    spawned, here = _printed([str(tmp_path / "factory.py")]).split()
+    spawned, here = _fingerprints_spawned_and_here(tmp_path, _SCRIPT_SPAWNING_A_FACTORY, "Uses")
     assert spawned == here
 
 
 _SCRIPT_SPAWNING_A_COUNTER = """
-import multiprocessing
 from somatize import Node
-from somatize.catalog import fingerprint_of
 
 CALLS = 0
 
@@ -568,13 +578,6 @@ def counted(x):
 class Counts(Node):
     def forward(self, x, ctx):
         return counted(x)
-
-def said():
-    return fingerprint_of(Counts)
-
-if __name__ == "__main__":
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        print(pool.apply(said), said())
 """
 
 
@@ -582,13 +585,11 @@ def test_a_script_s_global_its_code_sets_is_the_same_code_when_spawned(tmp_path:
     """A global of the script its node's code sets as it runs (``global CALLS``), taken as
     the script's text assigns it, is the same code in a process ``multiprocessing``
     spawns, which loads the script as ``__mp_main__``, as in the script."""
-    _write(tmp_path / "counter.py", _SCRIPT_SPAWNING_A_COUNTER)
-    spawned, here = _printed([str(tmp_path / "counter.py")]).split()
+    spawned, here = _fingerprints_spawned_and_here(tmp_path, _SCRIPT_SPAWNING_A_COUNTER, "Counts")
     assert spawned == here
 
 
 _SCRIPT_SPAWNING_A_REPLACED_TORCH_FUNCTION = """
-import multiprocessing
 import torch.nn.functional as F
 
 def plain(x):
@@ -597,18 +598,10 @@ def plain(x):
 F.relu = plain
 from torch.nn.functional import relu
 from somatize import Node
-from somatize.catalog import fingerprint_of
 
 class Uses(Node):
     def forward(self, x, ctx):
         return relu(x)
-
-def said():
-    return fingerprint_of(Uses)
-
-if __name__ == "__main__":
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        print(pool.apply(said), said())
 """
 
 
@@ -619,8 +612,9 @@ def test_a_torch_function_a_script_replaced_is_the_same_code_when_spawned(
     (``F.relu = plain``, then ``from torch.nn.functional import relu``) is the same code in
     a process ``multiprocessing`` spawns, which loads the script as ``__mp_main__``, as in
     the script."""
-    _write(tmp_path / "replacing.py", _SCRIPT_SPAWNING_A_REPLACED_TORCH_FUNCTION)
-    spawned, here = _printed([str(tmp_path / "replacing.py")]).split()
+    spawned, here = _fingerprints_spawned_and_here(
+        tmp_path, _SCRIPT_SPAWNING_A_REPLACED_TORCH_FUNCTION, "Uses"
+    )
     assert spawned == here
 
 
