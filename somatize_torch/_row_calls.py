@@ -202,7 +202,9 @@ def _check_call(
             f"a row-cached module is called with a batch tensor (rows along dimension 0), "
             f"got {_describe(x)}{_one_batch(self.module, x)}"
         )
-    elif torch._C._functorch.is_functorch_wrapped_tensor(x):
+    elif not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(x):
+        # torch.compile cannot trace the question, and would warn and break the graph on
+        # it; compiled, the lookup asks it eagerly instead (whether a transform runs).
         raise in_a_transform(
             f"`{type(self.module).__name__}` is cached per row and",
             "the batch",

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import types
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -253,6 +254,35 @@ class Around(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(torch.relu(self.encoder(x * 2.0)))
+
+
+def test_a_compiled_model_calling_a_row_cache_breaks_its_graph_once_and_warns_of_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiled model calling a row cache breaks its graph at the cache's call alone, as
+    the docs say, and torch.compile warns of nothing it met in the cache's code (it warned
+    that it could not trace torch's functorch question asked of the batch, a second
+    break)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    torch.manual_seed(0)
+    encoder, head = Encoder(), nn.Linear(8, 3)
+    rows = smt.cache_rows(encoder, Store(tmp_path / "s"))
+    compiled = torch.compile(Around(rows, head), backend="eager")
+    batches = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for x in batches + batches:
+            assert torch.equal(compiled(x), Around(encoder, head)(x))
+    assert [str(w.message) for w in caught] == []
+    assert counters["graph_break"], "the cache's call is a graph break"
+    assert all("_stand_in_call" in reason for reason in counters["graph_break"]), dict(
+        counters["graph_break"]
+    )
+    torch._dynamo.reset()
 
 
 def test_a_compiled_model_calling_a_row_cache_handed_back_answers_as_the_module_in_eval(
