@@ -61,7 +61,7 @@ from somatize_torch._native_env import DIGEST_SIZE
 from somatize_torch._precision import products
 from somatize_torch._row_ahead import _take_named
 from somatize_torch._row_errors import NeedsIndex, RowsError, _describe
-from somatize_torch._state import StateWatch
+from somatize_torch._state import StateWatch, trainable_parameters
 from somatize_torch.deferred import _KNOWN, DeferredRows
 from somatize_torch.digest import (
     DTYPES,
@@ -532,7 +532,7 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     unfrozen = (
         watch.unfrozen(self.module)
         if watch is not None
-        else [n for n, p in self.module.named_parameters() if p.requires_grad]
+        else [name for name, _ in trainable_parameters(self.module)]
     )
     if unfrozen:
         raise unfrozen_error(self.module, unfrozen)

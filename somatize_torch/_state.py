@@ -38,9 +38,19 @@ from torch import nn
 
 from somatize.catalog import objects_read
 from somatize_torch._settings import _TORCH_OWN, _same_items, stood_for
+from somatize_torch._sharding import sharded_frozen, sharded_sources, sources_changed
 from somatize_torch.digest import digest_named
 
-__all__ = ["NO_READS", "Read", "Reads", "StateWatch", "digest_state", "modules_read"]
+__all__ = [
+    "NO_READS",
+    "Read",
+    "Reads",
+    "StateWatch",
+    "digest_state",
+    "modules_read",
+    "own_parameters",
+    "trainable_parameters",
+]
 
 
 class Read(NamedTuple):
@@ -364,6 +374,7 @@ class StateWatch:
         "_placed",
         "_read",
         "_requires",
+        "_sharded",
         "_sizes",
         "_tables",
         "_tensors",
@@ -414,6 +425,8 @@ class StateWatch:
         self._memory = _Memory(self._tensors)
         self._requires = tuple(map(_REQUIRES, self._params))
         self._gradients = tuple(map(_GRADIENT, self._params))
+        # Under FSDP2 a change of the values shows on the shards only (see _sharding).
+        self._sharded = sharded_sources(parts)
         self._doubted = False
         self._named = frozenset(name for name, _ in module.named_parameters())
 
@@ -426,6 +439,7 @@ class StateWatch:
             or tuple(map(_VERSION, self._tensors)) != self._versions
             or self._replaced()
             or self._read.moved()
+            or sources_changed(self._sharded)
             or tuple(map(_REQUIRES, self._params)) != self._requires
             or not all(map(operator.is_, map(_GRADIENT, self._params), self._gradients))
             or (
@@ -477,9 +491,8 @@ class StateWatch:
         watched = set(map(id, self._params))
         names = [
             n
-            for n, p in module.named_parameters()
-            if p.requires_grad
-            and (id(p) in watched or n not in self._named or not isinstance(p, nn.Parameter))
+            for n, p in trainable_parameters(module)
+            if id(p) in watched or n not in self._named or not isinstance(p, nn.Parameter)
         ]
         if names:
             self._doubted = True
@@ -490,6 +503,7 @@ class StateWatch:
         # that the copy is digested again and watched afresh.
         state = {name: getattr(self, name) for name in self.__slots__ if name != "_memory"}
         state["_doubted"] = True
+        state["_sharded"] = ()  # FSDP's records are the process's
         # Nor the namespaces modules are read from: they hold modules, which do not copy.
         state["_read"] = NO_READS
         return state
@@ -498,6 +512,25 @@ class StateWatch:
         for name, value in state.items():
             setattr(self, name, value)
         self._memory = _Memory([])
+
+
+def trainable_parameters(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The parameters of ``module`` that require grad, by name (:func:`own_parameters`)."""
+    return [(name, p) for name, p in own_parameters(module) if p.requires_grad]
+
+
+def own_parameters(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The parameters of ``module`` by name, less the views FSDP
+    (``FullyShardedDataParallel(..., use_orig_params=True)``) puts in the place of frozen
+    ones for a forward. Such a view requires grad only because the flat parameter it is
+    cut from holds trainable ones beside it (a head in the same unit), and FSDP drops the
+    gradient that reaches a frozen one, so no gradient reaches its weights, cached or not;
+    nor can its flag be turned off, being no leaf."""
+    return [
+        (name, p)
+        for name, p in module.named_parameters()
+        if not p.requires_grad or not sharded_frozen(module, name, p)
+    ]
 
 
 class _Memory:

@@ -78,6 +78,7 @@ from somatize_torch._state import (
     _state_tensors,
     digest_state,
     modules_read,
+    own_parameters,
 )
 from somatize_torch.codec import TENSOR, LandedOnHost
 
@@ -358,8 +359,8 @@ def hold(module: nn.Module) -> None:
     or of a part of it recorded, for :class:`AsFound` to put back. Gradients its
     parameters kept are dropped: an optimizer skips a parameter with none, where a zeroed
     one (``zero_grad(set_to_none=False)``) would still be moved by momentum."""
-    module.requires_grad_(False)
-    for parameter in module.parameters():
+    for _, parameter in own_parameters(module):
+        parameter.requires_grad_(False)
         parameter.grad = None
     with _for_calls_lock:
         shared = _for_calls.get(id(module))

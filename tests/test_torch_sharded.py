@@ -1,0 +1,39 @@
+"""A frozen, cached encoder inside a model FSDP shards (gloo, on 127.0.0.1, two ranks):
+it is cached as outside it, and a change of its weights made through the sharded model
+is seen."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from tests.sharded import fsdp1_training, fsdp2_loading, run_ranks
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not dist.is_available(), reason="torch built without torch.distributed"),
+]
+
+
+@pytest.mark.parametrize("how", ["rows", "wrap"])
+def test_fsdp1_shards_a_frozen_cached_encoder_beside_a_trained_head(
+    tmp_path: Path, how: str
+) -> None:
+    """FSDP1 with ``use_orig_params=True`` holding the frozen, cached encoder in one unit
+    with the trained head (whose views of the encoder's weights require grad) trains:
+    every answer is the plain model's, and the second step recalls the encoder's."""
+    for answer in run_ranks(fsdp1_training, how, str(tmp_path / "store")):
+        assert answer["same"] == [True, True]
+        assert answer["recalled"] == (4 if how == "rows" else 1)
+
+
+@pytest.mark.parametrize("how", ["rows", "wrap"])
+def test_fsdp2_sees_encoder_weights_loaded_into_the_sharded_model(tmp_path: Path, how: str) -> None:
+    """Weights loaded into a model ``fully_shard`` shards (``load_state_dict``) reach the
+    cached encoder: its next answer is the one the new weights compute, not one recalled
+    of the old (FSDP2 gathers them into the same parameters, their version counters put
+    back)."""
+    for answer in run_ranks(fsdp2_loading, how, str(tmp_path / "store")):
+        assert answer["same"] == [True, True, True]
