@@ -7,6 +7,7 @@ import errno
 import json
 import multiprocessing
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -476,6 +477,37 @@ def test_gc_removes_no_file_outside_the_store_through_a_symlinked_folder(
     assert [path.read_text() for path in mine] == ["a user's file"] * 2
     assert main(["store", "gc", "--store", str(root), "--grace", "0", "--max-bytes", "0"]) == 0
     assert [path.read_text() for path in mine] == ["a user's file"] * 2
+
+
+@pytest.mark.parametrize("section", ["blobs", "tmp"])
+def test_gc_removes_no_file_outside_the_store_where_a_section_is_a_symlink(
+    tmp_path: Path, section: str
+) -> None:
+    """blobs/ or tmp/ itself a symlink leading out of the store, to a folder holding other
+    files: gc removed every old file there, and in the folders under it, as a stray of
+    blobs/ or an abandoned write. The store's own files there are still its own: the blobs
+    (an answer recalled after the gc) and a write it left in tmp/ (removed)."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    store.keep(key_of(1), b"an answer", "plain")
+    outside = tmp_path / "outside"
+    shutil.copytree(root / section, outside)
+    shutil.rmtree(root / section)
+    (root / section).symlink_to(outside, target_is_directory=True)
+    (outside / "sub").mkdir()
+    mine = [outside / "precious.txt", outside / "sub" / "deep.txt", outside / "ab" / "notes"]
+    mine[2].parent.mkdir(exist_ok=True)
+    abandoned = outside / f"{os.getpid()}-{uuid.uuid4().hex}.part"  # a write a crash left
+    long_ago = time.time() - 30 * 86400
+    for path in [*mine, abandoned]:
+        path.write_text("a user's file")
+        os.utime(path, (long_ago, long_ago))
+    LocalStore(root).gc(grace=0)
+    assert [path.read_text() for path in mine] == ["a user's file"] * 3
+    assert main(["store", "gc", "--store", str(root), "--grace", "0"]) == 0
+    assert [path.read_text() for path in mine] == ["a user's file"] * 3
+    assert bytes(LocalStore(root).recall(key_of(1))[1]) == b"an answer"
+    assert section == "blobs" or not abandoned.exists()
 
 
 def test_a_store_whose_blobs_are_on_another_filesystem_says_so(

@@ -24,6 +24,7 @@ import errno
 import mmap
 import multiprocessing.util
 import os
+import re
 import time
 import weakref
 from collections.abc import Callable
@@ -41,7 +42,7 @@ from somatize.store._local_files import (
     _open_regular,
     _read_file,
 )
-from somatize.store._packed import FULL, hash_bytes
+from somatize.store._packed import FULL, WRITE_NAME, hash_bytes
 from somatize.store.base import MARKER, StoreError, holds_store, prune_above
 from somatize.store.upkeep import Entry, _laid_out, blob_digest
 
@@ -110,10 +111,11 @@ class LocalShelf(LocalFiles):
 
         # A folder symlinked elsewhere (a shard moved to make room) is walked, as readers
         # follow it; one reached twice (a link to a folder already walked) is not. In one
-        # a link leads to out of the store's blobs/ or tmp/, where gc removes what is not
-        # laid out as a blob, only blobs are listed: nothing else there is the store's.
+        # a link leads to out of the store's blobs/ or tmp/ (blobs/ or tmp/ itself a link
+        # included), where gc removes what it lists, only the store's files are listed:
+        # blobs laid out as blobs, writes named as this store names them.
         walked: set[tuple[int, int]] = set()
-        homes = tuple({os.path.realpath(self.root), os.path.realpath(base)})
+        home = (os.path.realpath(self.root),)
         for folder, folders, files in os.walk(base, onerror=unlisted, followlinks=True):
             try:
                 here = os.stat(folder)
@@ -133,12 +135,11 @@ class LocalShelf(LocalFiles):
                 continue
             inside = folder[len(base) + 1 :].replace(os.sep, "/")  # "ab" in answers/ab/
             lead = f"{inside}/" if inside else ""
-            if section in ("blobs", "tmp") and not _within(os.path.realpath(folder), homes):
-                folders[:] = []  # a store writes no folder in a shard, nor in tmp/
-                # A write in flight lies in tmp/ itself; a blob in a shard, not under it.
-                files = (
-                    [] if section == "tmp" else [n for n in files if _laid_out(section, lead + n)]
-                )
+            if section in ("blobs", "tmp") and not _within(os.path.realpath(folder), home):
+                # A store writes no folder in tmp/, nor in a shard: only blobs/ holds shards.
+                shards = section == "blobs" and folder == base
+                folders[:] = [n for n in folders if shards and _SHARD.fullmatch(n)]
+                files = [n for n in files if _ours(section, lead + n)]
             for name in files:
                 try:
                     stat = os.stat(f"{folder}{os.sep}{name}")
@@ -467,6 +468,15 @@ class LocalShelf(LocalFiles):
         in ``tmp/`` made, so one later than a gc's clock (a store copied with its times, by
         ``rsync -a`` or tar, from a machine whose clock ran ahead) is set to the gc's."""
         _set_times(str(self.root), {s: dict.fromkeys(listed, when) for s, listed in names.items()})
+
+
+_SHARD = re.compile("[0-9a-f]{2}")
+
+
+def _ours(section: str, name: str) -> bool:
+    """Whether ``name``, in ``blobs/`` or ``tmp/``, is laid out as the store lays its files
+    out there: a blob, or a write in flight (a crash may have left)."""
+    return WRITE_NAME.fullmatch(name) is not None if section == "tmp" else _laid_out(section, name)
 
 
 def _within(path: str, homes: tuple[str, ...]) -> bool:

@@ -211,6 +211,9 @@ class Spills:
 SPILLS = Spills()
 """Where a store that names no place of its own holds what an iterator hands it."""
 
+WRITE_NAME = re.compile(r"[0-9]+-[0-9a-f]{32}\.[a-z]+")
+"""How a file in ``tmp/`` that a write makes is named (the process, a uuid, what it is)."""
+
 FULL = (errno.ENOSPC, errno.EDQUOT)
 """What the filesystem says when it has no room left for this process (a full disk, a
 quota reached)."""
@@ -774,8 +777,8 @@ class PackedHome(Spills, Store):
 
     @contextlib.contextmanager
     def _in_tmp(self, suffix: str) -> Iterator[str]:
-        """A name for a file in ``tmp/`` that no other writer uses; a gc of this object
-        leaves the file alone until the block ends."""
+        """A name for a file in ``tmp/`` that no other writer uses (laid out as
+        :data:`WRITE_NAME`); a gc of this object leaves the file alone until the block ends."""
         name = f"{os.getpid()}-{uuid.uuid4().hex}{suffix}"
         with self._lock:
             self._writing.add(name)
