@@ -510,6 +510,29 @@ def test_gc_removes_no_file_outside_the_store_where_a_section_is_a_symlink(
     assert section == "blobs" or not abandoned.exists()
 
 
+def test_verify_moves_no_file_out_of_a_folder_a_link_in_names_leads_to(tmp_path: Path) -> None:
+    """A folder symlinked into names/ that leads out of the store, to a folder of a user's
+    files: every file there, in the folders under it too, was read as a name that holds no
+    digest, and `verify --quarantine` moved them all into the store's quarantine/ (and
+    removed the folders it left empty). They are reported, and left where they are."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    store.bind("data/v1", store.put(b"a dataset"))
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    mine = [outside / "notes.txt", outside / "sub" / "deep.txt"]
+    for path in mine:
+        path.write_text("a user's file")
+    (root / "names" / "team").symlink_to(outside, target_is_directory=True)
+    found = LocalStore(root).verify(quarantine=True)
+    assert sorted(found.unmoved) == ["names/team/notes.txt", "names/team/sub/deep.txt"]
+    assert found.quarantined == []
+    assert [path.read_text() for path in mine] == ["a user's file"] * 2
+    assert main(["store", "verify", "--quarantine", "--store", str(root)]) == 1
+    assert [path.read_text() for path in mine] == ["a user's file"] * 2
+    assert bytes(store.get(LocalStore(root).resolve("data/v1"))) == b"a dataset"
+
+
 def test_a_store_whose_blobs_are_on_another_filesystem_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

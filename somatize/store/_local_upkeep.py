@@ -359,7 +359,17 @@ class LocalShelf(LocalFiles):
     def _quarantine(self, section: str, name: str, was: bytes | None = None) -> bool | None:
         """Given ``was``, the file is moved aside and compared there: one a writer published
         anew since it was judged is put back (never over one published since), and None
-        said. A name moved aside takes the folders of ``names/`` it leaves empty with it."""
+        said. A name moved aside takes the folders of ``names/`` it leaves empty with it.
+        A name in a folder a link leads to out of the store is left in place (StoreError):
+        every file there reads as a name, and is most likely a file of someone's own."""
+        if section == "names":
+            folder = os.path.dirname(self._section(section) / name)
+            if not _within(os.path.realpath(folder), (os.path.realpath(self.root),)):
+                raise StoreError(
+                    f"names/{name} lies in {os.path.realpath(folder)}, a folder a link in "
+                    f"names/ leads to out of {self.root}: it is left in place. Remove the "
+                    "link if that folder holds no names of this store"
+                )
         moved = self._set_aside_as_judged(section, name, was)
         if moved and section == "names":
             self._prune_names(name)
