@@ -41,7 +41,7 @@ from datetime import datetime
 from typing import Any
 
 from somatize.store._bucket_requests import _READ_AT_ONCE, BucketRequests, _under_copies
-from somatize.store._local_upkeep import _set_times
+from somatize.store._local_upkeep import _set_times, only_ours_led_out, refuse_name_led_out
 from somatize.store._packed import hash_bytes
 from somatize.store.base import (
     MARKER_PART,
@@ -453,6 +453,10 @@ class BucketShelf(BucketRequests):
             for name, info in self._listed(section).items()
             if not (section == "tmp" and name.startswith(f"{_ASIDE}/"))  # a gc's copies
         ]
+        if not self._atomic and section in ("blobs", "tmp"):  # a directory: links lead out
+            root = self.fs._strip_protocol(self.root)
+            ours = set(only_ours_led_out(root, section, [entry.name for entry in out]))
+            out = [entry for entry in out if entry.name in ours]
         merging = self._noted.merging
         if merging is not None and section in ("answers", "packs"):
             merging[2].update((section, entry.name) for entry in out)
@@ -620,6 +624,8 @@ class BucketShelf(BucketRequests):
         archived = self._in_archive(f"move {section}/{name} aside in")
         if archived is not None:
             raise archived
+        if section == "names" and not self._atomic:
+            refuse_name_led_out(self.fs._strip_protocol(self.root), name)
         if was is not None:
             now = self._read_many(section, [name]).get(name)
             if now is None:

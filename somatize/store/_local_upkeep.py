@@ -363,13 +363,7 @@ class LocalShelf(LocalFiles):
         A name in a folder a link leads to out of the store is left in place (StoreError):
         every file there reads as a name, and is most likely a file of someone's own."""
         if section == "names":
-            folder = os.path.dirname(self._section(section) / name)
-            if not _within(os.path.realpath(folder), (os.path.realpath(self.root),)):
-                raise StoreError(
-                    f"names/{name} lies in {os.path.realpath(folder)}, a folder a link in "
-                    f"names/ leads to out of {self.root}: it is left in place. Remove the "
-                    "link if that folder holds no names of this store"
-                )
+            refuse_name_led_out(str(self.root), name)
         moved = self._set_aside_as_judged(section, name, was)
         if moved and section == "names":
             self._prune_names(name)
@@ -487,6 +481,35 @@ def _ours(section: str, name: str) -> bool:
     """Whether ``name``, in ``blobs/`` or ``tmp/``, is laid out as the store lays its files
     out there: a blob, or a write in flight (a crash may have left)."""
     return WRITE_NAME.fullmatch(name) is not None if section == "tmp" else _laid_out(section, name)
+
+
+def refuse_name_led_out(root: str, name: str) -> None:
+    """StoreError when the name ``name`` of the store in the directory ``root`` lies in a
+    folder a link in ``names/`` leads to out of it: every file there reads as a name, and is
+    most likely a file of someone's own, never to be moved into the store's quarantine."""
+    folder = os.path.realpath(os.path.dirname(os.path.join(root, "names", name)))
+    if not _within(folder, (os.path.realpath(root),)):
+        raise StoreError(
+            f"names/{name} lies in {folder}, a folder a link in names/ leads to out of "
+            f"{root}: it is left in place. Remove the link if that folder holds no names of "
+            "this store"
+        )
+
+
+def only_ours_led_out(root: str, section: str, names: list[str]) -> list[str]:
+    """Of ``names`` in ``section`` (``blobs`` or ``tmp``) of the store in the directory
+    ``root``, those that lie in it, links followed, and those laid out as the store's own
+    files where a link leads out of it: gc removes what else lies there as stray."""
+    home = (os.path.realpath(root),)
+    inside: dict[str, bool] = {}  # by folder: a few hundred shards, not one a blob
+    out = []
+    for name in names:
+        folder = os.path.dirname(os.path.join(root, section, name))
+        if folder not in inside:
+            inside[folder] = _within(os.path.realpath(folder), home)
+        if inside[folder] or _ours(section, name):
+            out.append(name)
+    return out
 
 
 def _within(path: str, homes: tuple[str, ...]) -> bool:
