@@ -307,7 +307,9 @@ def _tensors_in(x: Any) -> list[tuple[str, str]]:
     if isinstance(x, Mapping):
         items = [(str(k), f"batch[{k!r}]".replace("'", '"'), v) for k, v in x.items()]
     elif dataclasses.is_dataclass(x) and not isinstance(x, type):
-        items = [(f.name, f"batch.{f.name}", getattr(x, f.name)) for f in dataclasses.fields(x)]
+        # A field its __init__ leaves unset (`field(init=False)`) is not there to name.
+        fields = dataclasses.fields(x)
+        items = [(f.name, f"batch.{f.name}", getattr(x, f.name, None)) for f in fields]
     elif isinstance(x, tuple) and hasattr(x, "_fields"):
         items = [(name, f"batch.{name}", v) for name, v in zip(x._fields, x, strict=False)]
     elif isinstance(x, (tuple, list)):

@@ -1340,6 +1340,26 @@ def test_a_batch_of_several_tensors_is_refused_naming_the_one_to_hand(
     cached.close()
 
 
+@dataclasses.dataclass
+class Unfilled:
+    """A batch kept as a dataclass whose mask its constructor leaves unset."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor = dataclasses.field(init=False)
+
+
+def test_a_dataclass_batch_with_a_field_left_unset_is_refused_naming_the_one_to_hand(
+    store: Store,
+) -> None:
+    """A dataclass batch one of whose fields its constructor left unset is refused as any
+    batch of several tensors is, naming the tensor it holds (it failed with the
+    AttributeError of reading the unset field)."""
+    cached = cache_rows(Tokens(), store)
+    with pytest.raises(NotRowwise, match=r"`cached\(batch\.input_ids\)`"):
+        cached(Unfilled(torch.randint(1, 50, (4, 7))))
+    cached.close()
+
+
 @pytest.mark.parametrize(
     ("make", "pad"),
     [
