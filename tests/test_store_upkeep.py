@@ -675,6 +675,46 @@ def test_of_two_packs_holding_a_key_the_newer_wins(tmp_path: Path, newest_listed
     assert (answer.fingerprint, bytes(data)) == ("code-v2", b"new 1")
 
 
+def _counting_index_reads(store: LocalStore) -> list[str]:
+    """The ids of the pack indexes ``store`` reads from now on, in the order read."""
+    read: list[str] = []
+    reading = store._read_indexes
+
+    def counted(wanted: dict[str, str]) -> dict[str, bytes | None]:
+        read.extend(wanted)
+        return reading(wanted)
+
+    store._read_indexes = counted  # type: ignore[method-assign]
+    return read
+
+
+def test_a_record_kept_after_every_pack_is_answered_reading_no_index(tmp_path: Path) -> None:
+    """A key kept as a record after every pack (a wrapped model's answer in a store of
+    rows) is looked up and recalled by a store opened afresh without reading any pack
+    index; a packed key is then found as ever, and a record older than a pack is looked
+    up against the packs."""
+    store = LocalStore(tmp_path / "store")
+    rows = [(key_of(i), b"row %d" % i) for i in range(3)]
+    store.keep_many(rows, "plain")
+    old = time.time_ns() - 3600 * 10**9  # the packs were written an hour ago
+    os.utime(tmp_path / "store" / "packs", ns=(old, old))
+    store.keep(key_of(10), b"the model's answer", "plain")
+    for ask in ("have", "recall"):
+        fresh = LocalStore(tmp_path / "store")
+        read = _counting_index_reads(fresh)
+        if ask == "have":
+            assert fresh.have([key_of(10)]) == {key_of(10)}
+        assert bytes(fresh.recall(key_of(10))[1]) == b"the model's answer"
+        assert read == []
+        assert bytes(fresh.recall(key_of(1))[1]) == b"row 1"
+        assert len(read) == 1
+    store.keep_many([(key_of(20), b"row 20"), (key_of(21), b"row 21")], "plain")  # after it
+    fresh = LocalStore(tmp_path / "store")
+    read = _counting_index_reads(fresh)
+    assert bytes(fresh.recall(key_of(10))[1]) == b"the model's answer"
+    assert len(read) == 2
+
+
 def test_names_signed_before_names_covered_themselves_are_reported_not_refused(
     tmp_path: Path,
 ) -> None:

@@ -55,7 +55,7 @@ import re
 import tempfile
 import time
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,8 +140,13 @@ def _to_trust(stamp: int) -> int:
     finer one is trusted once a few milliseconds old, so a store whose ``packs/`` a
     writer adds to every second (a first epoch) is listed again about once a pack, not
     at every lookup for two seconds after each."""
-    tick = _TICK if stamp % 1_000_000_000 == 0 else _FINE_TICK
-    return stamp if time.time_ns() - stamp > tick else -1
+    return stamp if time.time_ns() - stamp > _tick_of(stamp) else -1
+
+
+def _tick_of(stamp: int) -> int:
+    """How far behind the real time of a change ``stamp``, a directory's time, may lie: a
+    time of whole seconds is taken for one of a coarse filesystem's (FAT's tick is two)."""
+    return _TICK if stamp % 1_000_000_000 == 0 else _FINE_TICK
 
 
 def _read_privately(handle: io.BufferedReader, size: int, digest: str) -> memoryview:
@@ -529,11 +534,22 @@ class LocalStore(LocalShelf):
         known = self._known_answer(key)
         if known is not None:
             return known
-        # Packs first (a stat when none changed): one newer than the record answers.
+        # The record first: one kept after every pack answers with no index read (a
+        # wrapped model's first answer need not load the indexes of a million rows).
+        record, unread = None, None
+        try:
+            record = self._read_record(key)
+        except StoreError as why:
+            unread = why  # said unless a pack answers the key
+        if record is not None and self._after_every_pack()(record):
+            return record
+        # Else the packs (a stat when none changed): one newer than the record answers.
         pack = self._packed_after_a_look([key]).get(key)
         if pack is not None:
             return pack.answer(key)
-        return self._read_record(key)
+        if unread is not None:
+            raise unread
+        return record
 
     def _read_record(self, key: str) -> Answer | None:
         """The record file of ``key``, read and checked; None if there is none, StoreError
@@ -578,6 +594,8 @@ class LocalStore(LocalShelf):
             else:  # evicted by a gc elsewhere: perhaps kept anew since, so read afresh
                 self._forget(answer)
                 unresolved.append(key)
+        read = self._records_alone(unresolved, found) if unresolved else {}
+        unresolved = [key for key in unresolved if key not in found]
         if unresolved:
             packed = self._packed_after_a_look(unresolved)
             unrecorded = len(packed) < len(unresolved) and self._holds_no_records()
@@ -588,7 +606,10 @@ class LocalStore(LocalShelf):
                 if pack is None and unrecorded:
                     continue
                 try:
-                    answer = pack.answer(key) if pack is not None else self._read_record(key)
+                    if pack is not None:
+                        answer = pack.answer(key)
+                    else:
+                        answer = read[key] if key in read else self._read_record(key)
                 except Corrupt:
                     continue
                 if answer is None:
@@ -604,6 +625,40 @@ class LocalStore(LocalShelf):
                 else:
                     self._forget(answer)
         return found
+
+    def _records_alone(self, keys: list[str], found: set[str]) -> dict[str, Answer | None]:
+        """Reads the record of each of ``keys`` before any pack index: adds to ``found`` each
+        whose record answers it whatever ``packs/`` holds (see :meth:`_after_every_pack`)
+        and whose blob is whole. Key → its record (None: it has none), for each read; none
+        is read where ``answers/`` holds nothing, and one that cannot be read is left out,
+        to be read again, and its failure said, unless a pack answers its key."""
+        read: dict[str, Answer | None] = {}
+        if self._holds_no_records():
+            return read
+        alone = self._after_every_pack()
+        for key in keys:
+            try:
+                answer = read[key] = self._read_record(key)
+            except StoreError:
+                continue
+            if answer is not None and alone(answer) and self._whole(answer.value, answer.size):
+                found.add(key)
+        return read
+
+    def _after_every_pack(self) -> Callable[[Answer], bool]:
+        """Whether a record surely answers its key whatever ``packs/`` holds, so that no
+        index is read for it: created after the folder last changed (a pack published or
+        removed, each created before it was published), by more than a tick of the folder's
+        clock, and not stamped ahead of this machine's clock (by a writer whose clock runs
+        fast, or just after such an answer), whose time says nothing of the folder's."""
+        try:
+            changed = os.stat(self._packs_dir).st_mtime_ns
+        except FileNotFoundError:
+            changed = 0  # no folder: no pack
+        except OSError:  # not for this process to look at: said by the look at the packs
+            return lambda answer: False
+        after, now = changed + _tick_of(changed), time.time_ns()
+        return lambda answer: after < answer.created * 1e9 <= now
 
     def _whole(self, digest: str, size: int) -> bool:
         """Whether recall would find blob ``digest`` whole: held in memory (its bytes
