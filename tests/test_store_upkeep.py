@@ -547,6 +547,58 @@ def test_verify_moves_no_file_out_of_a_folder_a_link_in_names_leads_to(
     assert LocalStore(root).resolve("data/v1") == digest
 
 
+def _unreadable_under(monkeypatch: pytest.MonkeyPatch, folders: list[Path]) -> None:
+    """Makes every folder of ``folders`` one this process may not list, as another user's
+    is (this may run as root, who reads them all)."""
+    hidden = {str(folder) for folder in folders}
+    scandir = os.scandir
+
+    def refusing(path: Any = ".") -> Any:
+        if os.path.realpath(os.fspath(path)) in hidden:
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refusing)
+
+
+@pytest.mark.parametrize("home", ["local", "file"])
+@pytest.mark.parametrize("section", ["answers", "packs"])
+def test_upkeep_walks_no_folder_of_others_a_linked_section_leads_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: str, section: str
+) -> None:
+    """answers/ or packs/ a symlink leading out of the store (moved to another disk, or
+    linked to `/` by mistake): ls, verify and gc walked every folder there, to any depth,
+    and stopped with a StoreError at the first one they could not read. Only the folders
+    the store writes there are walked now, and only its files taken; its answers are read
+    through the link as before."""
+    root = tmp_path / "store"
+    where = str(root) if home == "local" else root.as_uri()
+    store = Store(where) if home == "local" else Store.on_bucket(where)
+    store.keep(key_of(1), b"an answer", "plain")
+    store.keep_many([(key_of(2), b"item two"), (key_of(3), b"item three")], "plain")
+    outside = tmp_path / "disk"
+    shutil.move(root / section, outside)
+    (root / section).symlink_to(outside, target_is_directory=True)
+    shard = f"{key_of(1)[7:9]}"
+    private = [outside / "private", outside / shard / "private"]
+    for folder in private:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "mine.txt").write_text("a user's file")
+    (outside / "notes.txt").write_text("a user's file")
+    _unreadable_under(monkeypatch, [path.resolve() for path in private])
+    fresh = Store(where) if home == "local" else Store.on_bucket(where)
+    found = fresh.verify(quarantine=True)
+    assert found.ok and (found.records, found.packs) == (1, 1)
+    assert found.stray == [] and found.quarantined == []
+    assert fresh.gc(grace=0).unread_names == []
+    for command in ("ls", "verify", "gc"):
+        assert main(["store", command, "--store", where]) == 0
+    again = Store(where) if home == "local" else Store.on_bucket(where)
+    assert bytes(again.recall(key_of(1))[1]) == b"an answer"
+    assert bytes(again.recall(key_of(3))[1]) == b"item three"
+    assert (outside / "notes.txt").read_text() == "a user's file"
+
+
 def test_a_store_whose_blobs_are_on_another_filesystem_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -690,17 +690,21 @@ class BucketRequests(PackedHome):
                 out[path] = why
         return out
 
-    def _list(self, section: str) -> dict[str, dict[str, Any]]:
-        """Path → info of every object under ``section``, from a fresh listing. A folder
-        marker (a zero-byte key ending in ``/``, what the S3 console's "Create folder"
-        writes) is no file: it is left out."""
+    def _list(
+        self, section: str, walked: Callable[[str], bool] = lambda folder: True
+    ) -> dict[str, dict[str, Any]]:
+        """Path → info of every object under ``section``, from a fresh listing; on a plain
+        filesystem, in the folders ``walked`` says yes to (given the folder's path in the
+        section, ``ab`` or ``ab/cd``) only. A folder marker (a zero-byte key ending in
+        ``/``, what the S3 console's "Create folder" writes) is no file: it is left out."""
         where = f"{self.root}/{section}"
         self.fs.invalidate_cache(where)
         try:
             if self._atomic:
                 found = self._call(f"listing {section}", self.fs.find, where, detail=True)
             else:
-                found = dict(sorted(self._call(f"listing {section}", self._walk, where).items()))
+                walk = functools.partial(self._walk, where, walked)
+                found = dict(sorted(self._call(f"listing {section}", walk).items()))
         except _ABSENT:
             return {}
         return {
@@ -709,10 +713,13 @@ class BucketRequests(PackedHome):
             if not path.endswith("/") and info.get("type") != "directory"
         }
 
-    def _walk(self, where: str) -> dict[str, dict[str, Any]]:
-        """Path → info of every file under ``where`` on a plain filesystem. A folder that
-        cannot be read fails the listing (PermissionError), where ``find`` would leave it
-        out, and gc take what it holds for unused; one gone meanwhile holds nothing."""
+    def _walk(
+        self, where: str, walked: Callable[[str], bool], inside: str = ""
+    ) -> dict[str, dict[str, Any]]:
+        """Path → info of every file under ``where`` on a plain filesystem, in the folders
+        ``walked`` says yes to (given the path of each under the first ``where``). A folder
+        that cannot be read fails the listing (PermissionError), where ``find`` would leave
+        it out, and gc take what it holds for unused; one gone meanwhile holds nothing."""
         out: dict[str, dict[str, Any]] = {}
         try:
             listed = self.fs.ls(where, detail=True)
@@ -720,7 +727,9 @@ class BucketRequests(PackedHome):
             return out
         for info in listed:
             if info.get("type") == "directory":
-                out.update(self._walk(info["name"]))
+                folder = f"{inside}{info['name'].rsplit('/', 1)[-1]}"
+                if walked(folder):
+                    out.update(self._walk(info["name"], walked, f"{folder}/"))
             else:
                 out[info["name"]] = info
         return out

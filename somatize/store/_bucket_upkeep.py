@@ -41,7 +41,13 @@ from datetime import datetime
 from typing import Any
 
 from somatize.store._bucket_requests import _READ_AT_ONCE, BucketRequests, _under_copies
-from somatize.store._local_upkeep import _set_times, only_ours_led_out, refuse_name_led_out
+from somatize.store._local_upkeep import (
+    _LAID_OUT,
+    _SHARDED,
+    _set_times,
+    only_ours_led_out,
+    refuse_name_led_out,
+)
 from somatize.store._packed import hash_bytes
 from somatize.store.base import (
     MARKER_PART,
@@ -85,8 +91,6 @@ the store's: a store whose prefix lies inside this one's section (``…/answers/
 user's folder under the prefix. A blob's folder may also hold a file at the top (a
 ``.DS_Store``), listed as stray."""
 
-_SHARDED = ("blobs", "answers")
-"""The sections whose files lie in a folder named by their digest's first two hex digits."""
 _HEX2 = re.compile(r"[0-9a-f]{2}/")
 
 
@@ -453,7 +457,7 @@ class BucketShelf(BucketRequests):
             for name, info in self._listed(section).items()
             if not (section == "tmp" and name.startswith(f"{_ASIDE}/"))  # a gc's copies
         ]
-        if not self._atomic and section in ("blobs", "tmp"):  # a directory: links lead out
+        if not self._atomic and section in _LAID_OUT:  # a directory: links lead out
             root = self.fs._strip_protocol(self.root)
             ours = set(only_ours_led_out(root, section, [entry.name for entry in out]))
             out = [entry for entry in out if entry.name in ours]
@@ -512,8 +516,17 @@ class BucketShelf(BucketRequests):
         writes its files (see :data:`_DEPTHS`); one fresh listing."""
         base = f"{self.root}/{section}/".lstrip("/")
         depth = _DEPTHS.get(section)
+
+        def walked(folder: str) -> bool:
+            """Whether the folder ``folder`` of the section may hold a file listed here: on a
+            plain filesystem, a section linked to `/` is not walked to any depth."""
+            if depth is None:
+                return True
+            sharded = section not in _SHARDED or _HEX2.fullmatch(f"{folder}/") is not None
+            return folder.count("/") < depth and sharded
+
         out = {}
-        for path, info in self._list(section).items():
+        for path, info in self._list(section, walked).items():
             name = path.lstrip("/")[len(base) :]
             if depth is not None and name.count("/") > depth:
                 continue  # another store's, inside this one's section, or a user's folder

@@ -111,9 +111,9 @@ class LocalShelf(LocalFiles):
 
         # A folder symlinked elsewhere (a shard moved to make room) is walked, as readers
         # follow it; one reached twice (a link to a folder already walked) is not. In one
-        # a link leads to out of the store's blobs/ or tmp/ (blobs/ or tmp/ itself a link
-        # included), where gc removes what it lists, only the store's files are listed:
-        # blobs laid out as blobs, writes named as this store names them.
+        # a link leads to out of the store (the section itself a link included), only the
+        # store's files are listed, and only the folders it writes walked: gc removes what
+        # it lists in blobs/ and tmp/, and a link to `/` would walk the whole filesystem.
         walked: set[tuple[int, int]] = set()
         home = (os.path.realpath(self.root),)
         for folder, folders, files in os.walk(base, onerror=unlisted, followlinks=True):
@@ -135,9 +135,9 @@ class LocalShelf(LocalFiles):
                 continue
             inside = folder[len(base) + 1 :].replace(os.sep, "/")  # "ab" in answers/ab/
             lead = f"{inside}/" if inside else ""
-            if section in ("blobs", "tmp") and not _within(os.path.realpath(folder), home):
-                # A store writes no folder in tmp/, nor in a shard: only blobs/ holds shards.
-                shards = section == "blobs" and folder == base
+            if section in _LAID_OUT and not _within(os.path.realpath(folder), home):
+                # A store writes no folder in tmp/ or packs/, nor in a shard.
+                shards = section in _SHARDED and folder == base
                 folders[:] = [n for n in folders if shards and _SHARD.fullmatch(n)]
                 files = [n for n in files if _ours(section, lead + n)]
             for name in files:
@@ -475,11 +475,16 @@ class LocalShelf(LocalFiles):
 
 
 _SHARD = re.compile("[0-9a-f]{2}")
+_SHARDED = ("blobs", "answers")
+"""The sections whose files lie in a folder named by their digest's first two hex digits."""
+_LAID_OUT = (*_SHARDED, "packs", "tmp")
+"""The sections each of whose files the store names by a fixed layout (:func:`_ours`)."""
 
 
 def _ours(section: str, name: str) -> bool:
-    """Whether ``name``, in ``blobs/`` or ``tmp/``, is laid out as the store lays its files
-    out there: a blob, or a write in flight (a crash may have left)."""
+    """Whether ``name``, in a section of :data:`_LAID_OUT`, is laid out as the store lays its
+    files out there: a blob, a record, a pack index, or a write in flight (a crash may have
+    left)."""
     return WRITE_NAME.fullmatch(name) is not None if section == "tmp" else _laid_out(section, name)
 
 
