@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from somatize.errors import SomatizeError
 from somatize.store import BucketStore, LocalStore, StoreError
@@ -40,7 +40,7 @@ from somatize.store.base import Answer, Corrupt, Missing, NewerFormat, check_dig
 from somatize.store.bucket import _anchored, file_path
 from somatize.store.local import _holds_store
 from somatize.store.records import KEY_VARIABLE, PackIndex, Unsigned, decode_pack
-from somatize.store.upkeep import Progress, contents, listing, survey
+from somatize.store.upkeep import Collected, Progress, contents, listing, survey
 
 __all__ = ["main", "parse_size", "size_of"]
 
@@ -147,6 +147,33 @@ _A_STORE_HOLDS = (
 )
 """What a store's directory or prefix holds (:func:`somatize.store.base.holds_store`), as a
 refusal of one holding none says."""
+
+
+def _say_held_for_names(done: Collected, out: TextIO) -> None:
+    """Says what blobs a gc kept for names that cannot be read, and what to do: a link in
+    names/ leading out of the store is named, since verify --quarantine leaves its files."""
+    held = size_of(done.held_for_names)
+    for link, folder in done.names_led_out.items():
+        print(
+            f"kept {held} of blobs nothing else refers to, since {_printable(link)} leads out "
+            f"of the store, to {_printable(folder)}: each file there reads as a name that "
+            "cannot be read, which may point at any blob. If that folder holds no names of "
+            "this store, remove the link (move the names it holds into names/ first), and gc "
+            "removes them",
+            file=out,
+        )
+    led = tuple(f"{link}/" for link in done.names_led_out)
+    here = [n for n in done.unread_names if not f"names/{n}".startswith(led)]
+    if here:
+        listed = ", ".join(_printable(f"names/{n}") for n in here)
+        print(
+            f"kept {held} of blobs nothing else refers to, for the names that cannot be read "
+            f"or fail their check ({listed}): which blob each was bound to cannot be told, "
+            "so none it may point at was removed. `somatize store verify` says what is "
+            "wrong; move each aside with `verify --quarantine` (or bind it again), and gc "
+            "removes them",
+            file=out,
+        )
 
 
 def _open(where: str, command: str) -> LocalStore | BucketStore:
@@ -524,16 +551,7 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
                 f"{size_of(done.kept)} kept{young}",
                 file=out,
             )
-            if done.unread_names:
-                listed = ", ".join(_printable(f"names/{n}") for n in done.unread_names)
-                print(
-                    f"kept {size_of(done.held_for_names)} of blobs nothing else refers to, for "
-                    f"the names that cannot be read or fail their check ({listed}): which "
-                    "blob each was bound to cannot be told, so none it may point at was "
-                    "removed. `somatize store verify` says what is wrong; move each aside "
-                    "with `verify --quarantine` (or bind it again), and gc removes them",
-                    file=out,
-                )
+            _say_held_for_names(done, out)
         elif args.command == "verify":
             found = store.verify(quarantine=args.quarantine, progress=bar)
             print(

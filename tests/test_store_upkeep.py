@@ -599,6 +599,40 @@ def test_upkeep_walks_no_folder_of_others_a_linked_section_leads_to(
     assert (outside / "notes.txt").read_text() == "a user's file"
 
 
+@pytest.mark.parametrize("home", ["local", "file"])
+def test_gc_says_which_link_in_names_holds_it_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], home: str
+) -> None:
+    """A folder of a user's files linked into names/: each file reads as a name that
+    cannot be read, so gc keeps every blob nothing refers to. It says which link holds it
+    back, where it leads, and to remove it, rather than to move aside with verify
+    --quarantine the files it leaves in place."""
+    root = tmp_path / "store"
+    where = str(root) if home == "local" else root.as_uri()
+    store = Store(where) if home == "local" else Store.on_bucket(where)
+    store.bind("data/v1", store.put(b"a dataset"))
+    unreferenced = store.put(b"put, and never bound")
+    outside = tmp_path / "outside"
+    (outside / "sub").mkdir(parents=True)
+    (outside / "notes.txt").write_text("a user's file")
+    (outside / "sub" / "deep.txt").write_text("a user's file")
+    (root / "names" / "team").symlink_to(outside, target_is_directory=True)
+    done = (Store(where) if home == "local" else Store.on_bucket(where)).gc(grace=0)
+    if home == "file":  # fsspec lists no folder a link below a section leads to
+        assert done.unread_names == [] and done.names_led_out == {}
+        assert not LocalStore(root).has_blob(unreferenced)
+        return
+    assert done.names_led_out == {"names/team": str(outside.resolve())}
+    assert LocalStore(root).has_blob(unreferenced)
+    assert main(["store", "gc", "--store", where, "--grace", "0"]) == 0
+    said = capsys.readouterr().out
+    assert f"names/team leads out of the store, to {outside.resolve()}" in said
+    assert "remove the link" in said
+    (root / "names" / "team").unlink()
+    assert main(["store", "gc", "--store", where, "--grace", "0"]) == 0
+    assert not LocalStore(root).has_blob(unreferenced)
+
+
 def test_a_store_whose_blobs_are_on_another_filesystem_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -45,6 +45,7 @@ from somatize.store._local_upkeep import (
     _LAID_OUT,
     _SHARDED,
     _set_times,
+    links_led_out,
     only_ours_led_out,
     refuse_name_led_out,
 )
@@ -465,6 +466,12 @@ class BucketShelf(BucketRequests):
         if merging is not None and section in ("answers", "packs"):
             merging[2].update((section, entry.name) for entry in out)
         return out
+
+    def _links_out(self, section: str, names: list[str]) -> dict[str, str]:
+        """On a plain filesystem, as in a local store; an object store holds no link."""
+        if self._atomic:
+            return {}
+        return links_led_out(self.fs._strip_protocol(self.root), section, names)
 
     def _stamp(self, names: dict[str, list[str]], when: float) -> None:
         """An object store stamps its objects by its server's clock, and a log of uses is

@@ -152,6 +152,9 @@ class LocalShelf(LocalFiles):
                 out.append(Entry(lead + name, stat.st_size, stat.st_mtime))
         return out
 
+    def _links_out(self, section: str, names: list[str]) -> dict[str, str]:
+        return links_led_out(str(self.root), section, names)
+
     def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
         base = f"{self._section(section)}{os.sep}"
         cap = None if section == "packs" else SMALL_FILE
@@ -499,6 +502,25 @@ def refuse_name_led_out(root: str, name: str) -> None:
             f"{root}: it is left in place. Remove the link if that folder holds no names of "
             "this store"
         )
+
+
+def links_led_out(root: str, section: str, names: list[str]) -> dict[str, str]:
+    """Of the folders ``names`` of ``section`` lie in, in the store in the directory ``root``,
+    the first on each one's way (the section itself included) that a link leads out of the
+    store by, as ``names/team``, and the real folder it leads to."""
+    home = (os.path.realpath(root),)
+    real: dict[str, str] = {}  # by folder: the names of a folder share its way
+    out: dict[str, str] = {}
+    for name in names:
+        way = section
+        for part in ["", *name.split("/")[:-1]]:
+            way = f"{way}/{part}" if part else way
+            if way not in real:
+                real[way] = os.path.realpath(os.path.join(root, way))
+            if not _within(real[way], home):
+                out[way] = real[way]
+                break
+    return out
 
 
 def only_ours_led_out(root: str, section: str, names: list[str]) -> list[str]:

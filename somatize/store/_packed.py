@@ -687,6 +687,12 @@ class PackedHome(Spills, Store):
         here: a home that cannot tell takes them for stamped by this machine's."""
         return 0.0
 
+    def _links_out(self, section: str, names: list[str]) -> dict[str, str]:
+        """Each link, as ``names/team``, that leads out of the store on the way to a folder
+        ``names`` of ``section`` lie in, and the folder it leads to: none, in a home that
+        holds no links."""
+        return {}
+
     @abc.abstractmethod
     def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]:
         """The bytes of each of ``names`` under ``section``; None for each that is absent."""

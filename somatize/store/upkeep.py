@@ -149,6 +149,8 @@ class Shelf(Protocol):
 
     def _clock_ahead(self) -> float: ...
 
+    def _links_out(self, section: str, names: list[str]) -> dict[str, str]: ...
+
     def _read_many(self, section: str, names: list[str]) -> dict[str, bytes | None]: ...
 
     def _remove(self, section: str, names: list[str]) -> None: ...
@@ -418,6 +420,12 @@ class Collected:
     held_for_names: int = 0
     """Bytes of blobs that nothing else refers to (no record or pack index, no name that
     could be read), old enough to be removed, left because of :attr:`unread_names`."""
+    names_led_out: dict[str, str] = field(default_factory=dict)
+    """Each link in ``names/`` (as ``names/team``; ``names`` for the section itself) that
+    leads out of the store to a folder some :attr:`unread_names` lie in, and the folder it
+    leads to: most likely a user's files, each read as a name. ``verify(quarantine=True)``
+    leaves them in place; remove the link (moving the names it holds into ``names/``
+    first), and a later ``gc`` removes those blobs."""
 
 
 @dataclass
@@ -648,6 +656,7 @@ def _collect(
         # A name that cannot be read may point at any blob nothing else refers to: none is
         # removed while it is there (a file in blobs/ laid out as no blob is none it names).
         out.unread_names = sorted(set(unread))
+        out.names_led_out = shelf._links_out("names", out.unread_names)
         out.held_for_names = sum(e.size for e in sweep if _laid_out("blobs", e.name))
         sweep = [e for e in sweep if not _laid_out("blobs", e.name)]
     # Never a blob a keep of this store object is putting now, whatever the grace; one
