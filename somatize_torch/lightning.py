@@ -346,6 +346,15 @@ class CacheFrozen(Callback):
         """Puts the cached modules in place of the named submodules, each found as it is
         now; :meth:`teardown` puts them back. The same model again (fit, then test, then
         fit) gets the same caches, memory tiers and all."""
+        listed = sum(callback is self for callback in getattr(trainer, "callbacks", ()))
+        if listed > 1:
+            # Lightning would run every hook of it that many times: each epoch counted
+            # again, with no rows, and its caches put in place over themselves.
+            raise CacheFrozenError(
+                f"this CacheFrozen is listed {listed} times in the trainer's callbacks: "
+                "list it once (`callbacks=[cache]`); to cache other modules, name them all "
+                "in it, or give another CacheFrozen for them"
+            )
         holder = self._held_by_another(trainer)
         if holder is not None:
             raise CacheFrozenError(

@@ -1671,6 +1671,24 @@ def test_a_trainer_inside_anothers_stage_is_refused_the_callback_it_runs(
     assert type(model.encoder) is Encoder
 
 
+@pytest.mark.parametrize("stage", ["fit", "validate"])
+def test_the_callback_given_twice_to_one_trainer_is_refused(tmp_path: Path, stage: str) -> None:
+    """The same callback listed twice would get every hook twice, and record each epoch
+    twice in its history, once with no rows: it is refused, saying to list it once, and
+    the model is handed back plain."""
+    model, callback = Probe(), CacheFrozen(tmp_path / "store", ["encoder"])
+    twice = trainer(tmp_path, 1, callbacks=[callback, callback])
+    with pytest.raises(CacheFrozenError, match=r"listed 2 times .* once"):
+        if stage == "fit":
+            twice.fit(model, loader())
+        else:
+            twice.validate(model, loader(), verbose=False)
+    assert type(model.encoder) is Encoder and not is_held(model.encoder)
+    assert callback.history == []
+    trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader())  # listed once: cached
+    assert [e.rows.computed for e in epochs(callback, "train")] == [SAMPLES]
+
+
 def test_the_callbacks_own_cache_put_back_in_the_model_is_refused_saying_so(
     tmp_path: Path,
 ) -> None:
