@@ -4,10 +4,14 @@ FSDP puts tensors of its own in the place of a module's parameters for each forw
 the watch of a frozen, cached module meets them there:
 
 - FSDP1 (``FullyShardedDataParallel(..., use_orig_params=True)``) puts in views of its
-  flat parameter. Where the flat parameter holds trainable parameters beside frozen ones
-  (a head in the same unit as the encoder), every view requires grad, a frozen one's
-  too, though FSDP drops the gradient that reaches it: :func:`sharded_frozen` tells
-  such a view, which is frozen for all that trains through it.
+  flat parameter, new tensors at each forward, and puts its original parameters back
+  after it: :class:`Originals` tells the original each view stands for, so a watch sees
+  the same weights in it, and their changes on the original (``load_state_dict``, a
+  write in place between forwards), whose version counter FSDP leaves alone. Where the
+  flat parameter holds trainable parameters beside frozen ones (a head in the same unit
+  as the encoder), every view requires grad, a frozen one's too, though FSDP drops the
+  gradient that reaches it: :meth:`Originals.frozen` tells such a view, which is frozen
+  for all that trains through it.
 - FSDP2 (``fully_shard``) gathers each parameter's values from its shard into the same
   parameter at each forward, and puts back the version counter it had, so a change of
   the values (``load_state_dict`` on the sharded model) shows nowhere on it: it shows on
@@ -27,26 +31,62 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["sharded_frozen", "sharded_sources", "sources_changed"]
+__all__ = ["Originals", "sharded_sources", "sources_changed"]
 
 
-def sharded_frozen(module: nn.Module, name: str, tensor: torch.Tensor) -> bool:
-    """Whether ``tensor``, in the place of ``module``'s parameter ``name``, is a view FSDP1
-    cut from its flat parameter for a forward, of an original parameter left frozen."""
-    flat = tensor._base
+class Originals:
+    """The original parameters FSDP1 (``use_orig_params=True``) keeps, by the module and
+    name each is the parameter of, looked up for the views it puts in their place: each
+    flat parameter's table made once, so that looking up all of a module's views costs
+    as many lookups, not as many walks of the flat parameter's records."""
+
+    __slots__ = ("_tables",)
+
+    def __init__(self) -> None:
+        self._tables: dict[int, tuple[torch.Tensor, dict[tuple[int, str], torch.Tensor]]] = {}
+
+    def of(self, owner: nn.Module, name: str, tensor: Any) -> torch.Tensor | None:
+        """The original parameter that ``tensor``, in the place of ``owner``'s parameter
+        ``name``, is a view of, cut from FSDP1's flat parameter for a forward; None where
+        it is no such view."""
+        flat = _flat_of(tensor)
+        if flat is None:
+            return None
+        table = self._tables.get(id(flat))
+        if table is None or table[0] is not flat:
+            table = self._tables[id(flat)] = (flat, _originals_in(flat))
+        return table[1].get((id(owner), name))
+
+    def frozen(self, module: nn.Module, name: str, tensor: torch.Tensor) -> bool:
+        """Whether ``tensor``, in the place of ``module``'s parameter ``name`` (dotted), is a
+        view FSDP1 cut from its flat parameter for a forward, of an original parameter left
+        frozen."""
+        path, _, local = name.rpartition(".")
+        original = self.of(module.get_submodule(path), local, tensor)
+        return original is not None and not original.requires_grad
+
+
+def _flat_of(tensor: Any) -> torch.Tensor | None:
+    """The flat parameter of FSDP1 (``use_orig_params=True``) that ``tensor`` is a view
+    of, put in an original parameter's place for a forward; None where it is none."""
     fsdp = sys.modules.get("torch.distributed.fsdp._flat_param")
-    if fsdp is None or isinstance(tensor, nn.Parameter) or not isinstance(flat, fsdp.FlatParameter):
-        return False
-    if flat._params is None:  # use_orig_params=False: its views are all frozen, or all trained
-        return False
-    path, _, local = name.rpartition(".")
-    owner = module.get_submodule(path)
+    if fsdp is None or not isinstance(tensor, torch.Tensor) or isinstance(tensor, nn.Parameter):
+        return None
+    flat = tensor._base
+    if not isinstance(flat, fsdp.FlatParameter) or flat._params is None:
+        return None  # use_orig_params=False: no original is kept, nor put back
+    return tensor._base  # as torch types it: FSDP's class is looked up where it is in use
+
+
+def _originals_in(flat: Any) -> dict[tuple[int, str], torch.Tensor]:
+    """The original parameters a flat parameter holds (those shared by several modules
+    too), by the id of the module each is a parameter of and its name there."""
     originals = zip(flat._param_infos, flat._params, strict=True)
     shared = zip(flat._shared_param_infos, flat._shared_params, strict=True)
-    return any(
-        info.module is owner and info.param_name == local and not original.requires_grad
+    return {
+        (id(info.module), info.param_name): original
         for info, original in itertools.chain(originals, shared)
-    )
+    }
 
 
 def sharded_sources(parts: Iterable[nn.Module]) -> tuple[tuple[Any, torch.Tensor, int], ...]:

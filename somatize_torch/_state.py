@@ -38,7 +38,7 @@ from torch import nn
 
 from somatize.catalog import objects_read
 from somatize_torch._settings import _TORCH_OWN, _same_items, stood_for
-from somatize_torch._sharding import sharded_frozen, sharded_sources, sources_changed
+from somatize_torch._sharding import Originals, sharded_sources, sources_changed
 from somatize_torch.digest import digest_named
 
 __all__ = [
@@ -365,10 +365,10 @@ class StateWatch:
     __slots__ = (
         "_doubted",
         "_gradients",
+        "_held",
         "_memory",
         "_named",
-        "_names",
-        "_owners",
+        "_originals",
         "_param_versions",
         "_params",
         "_placed",
@@ -379,7 +379,6 @@ class StateWatch:
         "_tables",
         "_tensors",
         "_trainable",
-        "_values",
         "_versions",
         "_where",
     )
@@ -389,40 +388,40 @@ class StateWatch:
     ) -> None:
         """``leaving`` holds the ids of parts of ``module`` not to watch (another watch's)."""
         tables: list[dict[str, Any]] = []
-        owners: list[dict[str, Any]] = []
-        names: list[str] = []
-        values: list[Any] = []
-        trainable: tuple[list[dict[str, Any]], list[str], list[Any]] = ([], [], [])
+        held, trainable = _Held(), _Held()
+        originals = Originals()
         parts = [*module.modules(), *(part for one in read.found for part in one.module.modules())]
         if leaving:
             parts = [part for part in parts if id(part) not in leaving]
         for part in parts:
             for table in (part._parameters, part._buffers, part._modules):
                 tables.append(table)
+                place = part if table is part._parameters else None
                 for name, value in table.items():
-                    owners.append(table)
-                    names.append(name)
-                    values.append(value)
+                    original = None if place is None else originals.of(place, name, value)
+                    held.add(table, name, value, place, original)
                     if table is not part._buffers:
-                        trainable[0].append(table)
-                        trainable[1].append(name)
-                        trainable[2].append(value)
+                        trainable.add(table, name, value, place, original)
         self._read = read
         self._tables = tables
         self._sizes = tuple(map(len, tables))
-        self._owners = owners
-        self._names = names
-        self._values = values
+        self._held = held
         self._trainable = trainable
-        self._tensors = [value for value in values if isinstance(value, torch.Tensor)]
+        self._originals = originals
+        # FSDP1's views are cut anew at each forward from memory FSDP gives out anew: each
+        # is watched by its version counter (its flat parameter's), and by the original it
+        # stands for, whose version counter a change between forwards bumps.
+        views = {id(view) for view in held.views}
+        own = [v for v in held.values if isinstance(v, torch.Tensor) and id(v) not in views]
+        self._tensors = [*own, *held.views, *held.originals]
         self._params = [t for t in self._tensors if isinstance(t, nn.Parameter)]
         self._versions = tuple(map(_VERSION, self._tensors))
         self._param_versions = tuple(map(_VERSION, self._params))
         # A tensor with no memory of its own to point at (a sparse one) is watched
         # otherwise only.
-        self._placed = [tensor for tensor in self._tensors if _has_memory(tensor)]
+        self._placed = [tensor for tensor in own if _has_memory(tensor)]
         self._where = tuple(map(_WHERE, self._placed))
-        self._memory = _Memory(self._tensors)
+        self._memory = _Memory(own)
         self._requires = tuple(map(_REQUIRES, self._params))
         self._gradients = tuple(map(_GRADIENT, self._params))
         # Under FSDP2 a change of the values shows on the shards only (see _sharding).
@@ -464,18 +463,17 @@ class StateWatch:
         moved to another device or dtype (``.to("cuda")``, which replaces its buffers and
         gives its parameters other memory) trains nothing either, and ``p.data = t`` is
         not seen."""
-        owners, names, values = self._trainable
         return (
             self._doubted
             or tuple(map(_VERSION, self._params)) != self._param_versions
             or not all(map(operator.is_, map(_GRADIENT, self._params), self._gradients))
-            or not all(map(operator.is_, map(dict.get, owners, names), values))
+            or not self._trainable.kept(self._originals)
             or tuple(map(len, self._tables)) != self._sizes
         )
 
     def _replaced(self) -> bool:
         return (
-            not all(map(operator.is_, map(dict.get, self._owners, self._names), self._values))
+            not self._held.kept(self._originals)
             or tuple(map(len, self._tables)) != self._sizes  # a part added (`enc.append(act)`)
         )
 
@@ -504,6 +502,7 @@ class StateWatch:
         state = {name: getattr(self, name) for name in self.__slots__ if name != "_memory"}
         state["_doubted"] = True
         state["_sharded"] = ()  # FSDP's records are the process's
+        state["_originals"] = Originals()
         # Nor the namespaces modules are read from: they hold modules, which do not copy.
         state["_read"] = NO_READS
         return state
@@ -512,6 +511,68 @@ class StateWatch:
         for name, value in state.items():
             setattr(self, name, value)
         self._memory = _Memory([])
+
+
+class _Held:
+    """What a :class:`StateWatch` looks at by identity: each table entry (a part's
+    parameter, buffer or submodule by name) and what it held; and, for an entry of a
+    parameters table, the part, to tell a view FSDP1 cuts anew at each forward standing
+    for the same original parameter (:class:`~somatize_torch._sharding.Originals`)."""
+
+    __slots__ = ("names", "originals", "owners", "places", "standing", "values", "views")
+
+    def __init__(self) -> None:
+        self.owners: list[dict[str, Any]] = []
+        self.names: list[str] = []
+        self.values: list[Any] = []
+        self.places: list[nn.Module | None] = []
+        self.standing: list[Any] = []
+        self.views: list[torch.Tensor] = []
+        self.originals: list[torch.Tensor] = []
+
+    def add(
+        self,
+        table: dict[str, Any],
+        name: str,
+        value: Any,
+        place: nn.Module | None,
+        original: torch.Tensor | None,
+    ) -> None:
+        """Watches ``table[name]``, holding ``value``: ``place``'s parameter, a view of
+        ``original``, where given."""
+        self.owners.append(table)
+        self.names.append(name)
+        self.values.append(value)
+        self.places.append(place)
+        self.standing.append(value if original is None else original)
+        if original is not None:
+            self.views.append(value)
+            self.originals.append(original)
+
+    def kept(self, originals: Originals) -> bool:
+        """Whether each entry holds what it held, or what stands for the same original
+        parameter: FSDP1's view of it in a forward, the original itself between forwards,
+        or the other way round."""
+        now = list(map(dict.get, self.owners, self.names))
+        if all(map(operator.is_, now, self.values)):
+            return True
+        return all(
+            one is was or (place is not None and _stands_for(originals, place, name, one, stands))
+            for one, was, place, name, stands in zip(
+                now, self.values, self.places, self.names, self.standing, strict=True
+            )
+        )
+
+
+def _stands_for(
+    originals: Originals, place: nn.Module, name: str, tensor: Any, original: Any
+) -> bool:
+    """Whether ``tensor``, ``place``'s parameter ``name``, is ``original`` or FSDP1's view
+    of it."""
+    if tensor is original:
+        return True
+    of = originals.of(place, name, tensor)
+    return of is not None and of is original
 
 
 def trainable_parameters(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -526,10 +587,11 @@ def own_parameters(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
     cut from holds trainable ones beside it (a head in the same unit), and FSDP drops the
     gradient that reaches a frozen one, so no gradient reaches its weights, cached or not;
     nor can its flag be turned off, being no leaf."""
+    originals = Originals()
     return [
         (name, p)
         for name, p in module.named_parameters()
-        if not p.requires_grad or not sharded_frozen(module, name, p)
+        if not p.requires_grad or not originals.frozen(module, name, p)
     ]
 
 

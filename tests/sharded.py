@@ -171,3 +171,45 @@ def fsdp2_loading(rank: int, how: str, store: str) -> dict[str, Any]:
         plain.load_state_dict(other)
         same.append(torch.allclose(top(x), plain(x), atol=1e-6))
     return {"same": same}
+
+
+def fsdp1_watching(rank: int, how: str, store: str) -> dict[str, Any]:
+    """FSDP1 (``use_orig_params=True``) sharding the classifier, called three times, then
+    its encoder's weights loaded anew (``load_state_dict``) and called, then written in
+    place between forwards and called: how many times the encoder's weights were digested
+    after each of the first three calls, and whether each call after a change answered
+    as the plain classifier holding those weights does."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    import somatize_torch._state as state
+
+    digests = [0]
+    digest_named = state.digest_named
+
+    def counted(tensors: dict[str, torch.Tensor], what: str) -> str:
+        digests[0] += 1
+        return digest_named(tensors, what)
+
+    state.digest_named = counted  # type: ignore[assignment]  # a spawned rank's own module
+    model, top = cached_model(how, store)
+    sharded = FullyShardedDataParallel(top, use_orig_params=True, device_id=torch.device("cpu"))
+    torch.manual_seed(0)
+    plain = Classifier().eval()
+    x = batch(rank)
+    counts, same = [], []
+    with torch.no_grad():
+        for _ in range(3):
+            sharded(x)
+            counts.append(digests[0])
+        loaded = {
+            n: t * 3 if ".encoder." in f".{n}" else t for n, t in sharded.state_dict().items()
+        }
+        sharded.load_state_dict(loaded)
+        plain.encoder.linear.weight.mul_(3)
+        plain.encoder.linear.bias.mul_(3)
+        same.append(torch.allclose(sharded(x), plain(x), atol=1e-6))
+        with FullyShardedDataParallel.summon_full_params(sharded):
+            model.encoder.linear.weight.mul_(0.5)  # written back to the shards after
+        plain.encoder.linear.weight.mul_(0.5)
+        same.append(torch.allclose(sharded(x), plain(x), atol=1e-6))
+    return {"digests": counts, "same": same}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from tests.sharded import fsdp1_training, fsdp2_loading, run_ranks
+from tests.sharded import fsdp1_training, fsdp1_watching, fsdp2_loading, run_ranks
 
 pytestmark = [
     pytest.mark.slow,
@@ -27,6 +27,22 @@ def test_fsdp1_shards_a_frozen_cached_encoder_beside_a_trained_head(
     for answer in run_ranks(fsdp1_training, how, str(tmp_path / "store")):
         assert answer["same"] == [True, True]
         assert answer["recalled"] == (4 if how == "rows" else 1)
+
+
+@pytest.mark.parametrize("how", ["rows", "wrap"])
+def test_fsdp1_digests_an_unchanged_encoder_once_and_sees_its_weights_change(
+    tmp_path: Path, how: str
+) -> None:
+    """FSDP1 puts new views of the encoder's weights in their place at each forward: the
+    same weights all the same, not digested again at the second and third calls; weights
+    loaded into the sharded model, or written in place where FSDP gathers them
+    (``summon_full_params``), are seen at the next call, which answers as the plain model
+    holding them does."""
+    for answer in run_ranks(fsdp1_watching, how, str(tmp_path / "store")):
+        first, *later = answer["digests"]
+        assert first > 0
+        assert later == [first, first]
+        assert answer["same"] == [True, True]
 
 
 @pytest.mark.parametrize("how", ["rows", "wrap"])
