@@ -537,12 +537,10 @@ def test_verify_moves_no_file_out_of_a_folder_a_link_in_names_leads_to(
     found = (Store(where) if home == "local" else Store.on_bucket(where)).verify(quarantine=True)
     under = link.removeprefix("names").lstrip("/")
     told = sorted(f"names/{under}/{n}".replace("//", "/") for n in ("notes.txt", "sub/deep.txt"))
-    # fsspec lists no folder a link below a section leads to: such files are not seen.
-    seen = home == "local" or link == "names"
-    assert sorted(found.unmoved) == (told if seen else [])
+    assert sorted(found.unmoved) == told
     assert found.quarantined == []
     assert [path.read_text() for path in mine] == ["a user's file"] * 2
-    assert main(["store", "verify", "--quarantine", "--store", where]) == int(seen)
+    assert main(["store", "verify", "--quarantine", "--store", where]) == 1
     assert [path.read_text() for path in mine] == ["a user's file"] * 2
     assert LocalStore(root).resolve("data/v1") == digest
 
@@ -618,10 +616,6 @@ def test_gc_says_which_link_in_names_holds_it_back(
     (outside / "sub" / "deep.txt").write_text("a user's file")
     (root / "names" / "team").symlink_to(outside, target_is_directory=True)
     done = (Store(where) if home == "local" else Store.on_bucket(where)).gc(grace=0)
-    if home == "file":  # fsspec lists no folder a link below a section leads to
-        assert done.unread_names == [] and done.names_led_out == {}
-        assert not LocalStore(root).has_blob(unreferenced)
-        return
     assert done.names_led_out == {"names/team": str(outside.resolve())}
     assert LocalStore(root).has_blob(unreferenced)
     assert main(["store", "gc", "--store", where, "--grace", "0"]) == 0
@@ -631,6 +625,70 @@ def test_gc_says_which_link_in_names_holds_it_back(
     (root / "names" / "team").unlink()
     assert main(["store", "gc", "--store", where, "--grace", "0"]) == 0
     assert not LocalStore(root).has_blob(unreferenced)
+
+
+def _at(where: str, home: str) -> Store:
+    """A fresh store object for the store at ``where``, a directory or a ``file://`` URL."""
+    return Store(where) if home == "local" else Store.on_bucket(where)
+
+
+@pytest.mark.parametrize("home", ["local", "file"])
+@pytest.mark.parametrize("section", ["answers", "blobs"])
+def test_upkeep_at_a_file_url_follows_a_shard_linked_inside_a_section(
+    tmp_path: Path, home: str, section: str
+) -> None:
+    """A shard of answers/ or blobs/ moved to another disk and linked (answers/ab -> there),
+    which readers follow: at a file:// URL upkeep listed the link as no folder, so gc took
+    the blob its record refers to for unreferenced and removed it (the answer lost), or
+    stopped, and verify hashed none of its blobs. It is walked as a directory store walks
+    it: what is referred to is kept, and what is not removed."""
+    root = tmp_path / "store"
+    where = str(root) if home == "local" else root.as_uri()
+    store = _at(where, home)
+    answer = store.keep(key_of(1), b"kept in a shard moved elsewhere", "plain")
+    shard = root / section / (key_of(1) if section == "answers" else answer.value)[7:9]
+    unreferenced = store.put(b"put, and never referred to")
+    elsewhere = tmp_path / "disk"
+    shard.rename(elsewhere)
+    shard.symlink_to(elsewhere, target_is_directory=True)
+    found = _at(where, home).verify()
+    assert found.ok and (found.blobs, found.records) == (2, 1) and found.stray == []
+    done = _at(where, home).gc(grace=0)
+    assert done.blobs == 1 and not LocalStore(root).has_blob(unreferenced)
+    assert shard.is_symlink()
+    assert bytes(LocalStore(root).recall(key_of(1))[1]) == b"kept in a shard moved elsewhere"
+
+
+@pytest.mark.parametrize("home", ["local", "file"])
+@pytest.mark.parametrize("leads_to", ["the store", "a folder holding it"])
+def test_a_link_in_names_to_the_store_or_above_it_is_not_walked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: str, leads_to: str
+) -> None:
+    """A link in names/ to the store's own folder or one holding it (`/`) was walked to any
+    depth: the whole filesystem, stopping at the first folder it could not read, or the
+    store itself again, its blobs then removed under names nothing read. It is not walked:
+    gc keeps every blob nothing else refers to and names the link, verify tells it as
+    damage and leaves it, and once it is removed gc collects as before."""
+    root = tmp_path / "store"
+    where = str(root) if home == "local" else root.as_uri()
+    store = _at(where, home)
+    store.bind("data/v1", store.put(b"a dataset"))
+    unreferenced = store.put(b"put, and never bound")
+    target = root if leads_to == "the store" else tmp_path
+    (tmp_path / "private").mkdir()
+    _unreadable_under(monkeypatch, [(tmp_path / "private").resolve()])
+    link = root / "names" / "up"
+    link.symlink_to(target, target_is_directory=True)
+    done = _at(where, home).gc(grace=0)
+    assert done.names_led_out == {"names/up": str(target.resolve())}
+    assert LocalStore(root).has_blob(unreferenced)
+    found = _at(where, home).verify(quarantine=True)
+    assert [(d.section, d.name) for d in found.damaged] == [("names", "up")]
+    assert found.names == 1 and found.quarantined == [] and link.is_symlink()
+    link.unlink()
+    assert _at(where, home).gc(grace=0).blobs == 1
+    assert not LocalStore(root).has_blob(unreferenced)
+    assert LocalStore(root).resolve("data/v1") == hash_bytes(b"a dataset")
 
 
 def test_a_store_whose_blobs_are_on_another_filesystem_says_so(

@@ -35,6 +35,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Sequence
+from stat import S_ISDIR, S_ISREG
 from typing import Any, TypeVar, cast
 
 from somatize.store._local_files import NotAFile, _open_regular, _read_file
@@ -294,6 +295,24 @@ class BucketNotes:
     logs another gc read)."""
     use_said: bool = False
     """Whether a ``used/`` log that could not be written was said (once, at debug level)."""
+
+
+def _followed(info: dict[str, Any]) -> dict[str, Any] | None:
+    """``info`` of what fsspec lists on a plain filesystem as neither file nor folder (a link,
+    a FIFO), as what it leads to, links followed: a folder, or a file of its size and time;
+    None for a link that leads nowhere, and for what is no regular file (reading a FIFO
+    would wait for good)."""
+    if info.get("type") != "other":
+        return info
+    try:
+        stat = os.stat(info["name"])
+    except FileNotFoundError:
+        return None
+    if S_ISDIR(stat.st_mode):
+        return {**info, "type": "directory"}
+    if not S_ISREG(stat.st_mode):
+        return None
+    return {**info, "type": "file", "size": stat.st_size, "mtime": stat.st_mtime}
 
 
 class BucketRequests(PackedHome):
@@ -714,24 +733,39 @@ class BucketRequests(PackedHome):
         }
 
     def _walk(
-        self, where: str, walked: Callable[[str], bool], inside: str = ""
+        self,
+        where: str,
+        walked: Callable[[str], bool],
+        inside: str = "",
+        seen: set[tuple[int, int]] | None = None,
     ) -> dict[str, dict[str, Any]]:
         """Path → info of every file under ``where`` on a plain filesystem, in the folders
-        ``walked`` says yes to (given the path of each under the first ``where``). A folder
-        that cannot be read fails the listing (PermissionError), where ``find`` would leave
-        it out, and gc take what it holds for unused; one gone meanwhile holds nothing."""
+        ``walked`` says yes to (given the path of each under the first ``where``). Links are
+        followed, as a directory store's walk and its readers follow them (a shard moved to
+        another disk and linked); a folder reached twice (``seen``: a link back to one walked
+        already) is walked once. A folder that cannot be read fails the listing
+        (PermissionError), where ``find`` would leave it out, and gc take what it holds for
+        unused; one gone meanwhile holds nothing."""
+        seen = set() if seen is None else seen
         out: dict[str, dict[str, Any]] = {}
         try:
+            here = os.stat(where)
             listed = self.fs.ls(where, detail=True)
         except FileNotFoundError:
             return out
+        if (here.st_dev, here.st_ino) in seen:
+            return out
+        seen.add((here.st_dev, here.st_ino))
         for info in listed:
-            if info.get("type") == "directory":
+            followed = _followed(info)
+            if followed is None:
+                continue
+            if followed.get("type") == "directory":
                 folder = f"{inside}{info['name'].rsplit('/', 1)[-1]}"
                 if walked(folder):
-                    out.update(self._walk(info["name"], walked, f"{folder}/"))
+                    out.update(self._walk(info["name"], walked, f"{folder}/", seen))
             else:
-                out[info["name"]] = info
+                out[info["name"]] = followed
         return out
 
     def _rm(self, what: str, paths: list[str]) -> None:

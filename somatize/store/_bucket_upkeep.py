@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -45,6 +46,8 @@ from somatize.store._local_upkeep import (
     _LAID_OUT,
     _SHARDED,
     _set_times,
+    _within,
+    holding_the_store,
     links_led_out,
     only_ours_led_out,
     refuse_name_led_out,
@@ -523,16 +526,28 @@ class BucketShelf(BucketRequests):
         writes its files (see :data:`_DEPTHS`); one fresh listing."""
         base = f"{self.root}/{section}/".lstrip("/")
         depth = _DEPTHS.get(section)
+        home = "" if self._atomic else os.path.realpath(self.fs._strip_protocol(self.root))
+        looping: dict[str, str] = {}
 
         def walked(folder: str) -> bool:
             """Whether the folder ``folder`` of the section may hold a file listed here: on a
-            plain filesystem, a section linked to `/` is not walked to any depth."""
+            plain filesystem, a section linked to `/` is not walked to any depth, nor a link
+            in tmp/ leading out of the store, nor one in names/ to a folder holding it."""
+            if home and section in ("tmp", "names"):
+                at = os.path.join(home, section, folder)
+                if section == "tmp":
+                    return _within(os.path.realpath(at), (home,))
+                return not holding_the_store(home, at, looping, folder)
             if depth is None:
                 return True
             sharded = section not in _SHARDED or _HEX2.fullmatch(f"{folder}/") is not None
             return folder.count("/") < depth and sharded
 
-        out = {}
+        out: dict[str, dict[str, Any]] = {}
+        if section == "names" and home:
+            self._names_looping = looping
+            if holding_the_store(home, os.path.join(home, section), looping, ""):
+                return out
         for path, info in self._list(section, walked).items():
             name = path.lstrip("/")[len(base) :]
             if depth is not None and name.count("/") > depth:

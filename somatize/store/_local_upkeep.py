@@ -116,6 +116,7 @@ class LocalShelf(LocalFiles):
         # it lists in blobs/ and tmp/, and a link to `/` would walk the whole filesystem.
         walked: set[tuple[int, int]] = set()
         home = (os.path.realpath(self.root),)
+        looping: dict[str, str] = {}
         for folder, folders, files in os.walk(base, onerror=unlisted, followlinks=True):
             try:
                 here = os.stat(folder)
@@ -135,6 +136,9 @@ class LocalShelf(LocalFiles):
                 continue
             inside = folder[len(base) + 1 :].replace(os.sep, "/")  # "ab" in answers/ab/
             lead = f"{inside}/" if inside else ""
+            if section == "names" and holding_the_store(home[0], folder, looping, inside):
+                folders[:] = []
+                continue
             if section in _LAID_OUT and not _within(os.path.realpath(folder), home):
                 # A store writes no folder in tmp/ or packs/, nor in a shard.
                 shards = section in _SHARDED and folder == base
@@ -150,6 +154,8 @@ class LocalShelf(LocalFiles):
                 if not S_ISREG(stat.st_mode):  # a FIFO, a device: no file of a store, and
                     continue  # reading one would wait, or read, for good
                 out.append(Entry(lead + name, stat.st_size, stat.st_mtime))
+        if section == "names":
+            self._names_looping = looping
         return out
 
     def _links_out(self, section: str, names: list[str]) -> dict[str, str]:
@@ -502,6 +508,18 @@ def refuse_name_led_out(root: str, name: str) -> None:
             f"{root}: it is left in place. Remove the link if that folder holds no names of "
             "this store"
         )
+
+
+def holding_the_store(home: str, folder: str, looping: dict[str, str], inside: str) -> bool:
+    """Whether ``folder`` of ``names/`` (``inside`` it, as ``team``; "" for the section) is,
+    links followed, the store's own real folder ``home`` or one holding it (a link to `/`):
+    walking it would walk the store again, and every folder beside it, to any depth. It is
+    noted in ``looping``, as ``names/team``, with the folder it leads to."""
+    real = os.path.realpath(folder)
+    if not _within(home, (real,)):
+        return False
+    looping["/".join(filter(None, ("names", inside)))] = real
+    return True
 
 
 def links_led_out(root: str, section: str, names: list[str]) -> dict[str, str]:

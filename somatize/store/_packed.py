@@ -61,6 +61,7 @@ import uuid
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
+from types import MappingProxyType
 from typing import IO, Any, cast
 
 import blake3
@@ -686,6 +687,11 @@ class PackedHome(Spills, Store):
         store's files (behind, where negative): a gc measures its grace on that one. 0
         here: a home that cannot tell takes them for stamped by this machine's."""
         return 0.0
+
+    _names_looping: Mapping[str, str] = MappingProxyType({})
+    """Each link in ``names/`` (as ``names/team``; ``names`` for the section itself) the last
+    listing of ``names/`` found leading to the store's own folder or one holding it (`/`),
+    and where it leads: not walked, so what lies there is not read as names."""
 
     def _links_out(self, section: str, names: list[str]) -> dict[str, str]:
         """Each link, as ``names/team``, that leads out of the store on the way to a folder

@@ -66,7 +66,7 @@ writer elsewhere may have removed it, or kept it anew, since it was read.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
@@ -144,6 +144,10 @@ class Shelf(Protocol):
         """Whether gc removes the files of ``blobs/`` not laid out as blobs (a local store's
         ``.DS_Store``); not under an object store's prefix, where they are a user's."""
         ...
+
+    _names_looping: Mapping[str, str]
+    """Each link in ``names/`` the last listing of it found leading to the store's own
+    folder or one holding it (`/`), as ``names/team``, and where it leads: not walked."""
 
     def _entries(self, section: str) -> list[Entry]: ...
 
@@ -652,11 +656,13 @@ def _collect(
             now,
             grace,
         )
-    if unread:
+    looping = dict(shelf._names_looping)  # as the last look at names/ found them
+    if unread or looping:
         # A name that cannot be read may point at any blob nothing else refers to: none is
-        # removed while it is there (a file in blobs/ laid out as no blob is none it names).
+        # removed while it is there (a file in blobs/ laid out as no blob is none it names),
+        # nor while a link in names/ that is not walked may hide one.
         out.unread_names = sorted(set(unread))
-        out.names_led_out = shelf._links_out("names", out.unread_names)
+        out.names_led_out = {**shelf._links_out("names", out.unread_names), **looping}
         out.held_for_names = sum(e.size for e in sweep if _laid_out("blobs", e.name))
         sweep = [e for e in sweep if not _laid_out("blobs", e.name)]
     # Never a blob a keep of this store object is putting now, whatever the grace; one
@@ -752,6 +758,10 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
                     out.quarantined.append(f"{section}/{name}")
         out.damaged.append(Damage(section, name, why))
 
+    for link, folder in shelf._names_looping.items():
+        out.damaged.append(
+            Damage("names", link.removeprefix("names").lstrip("/"), _looping(folder))
+        )
     blobs, stray = _blobs_among(shelf._entries("blobs"))
     out.stray = [f"blobs/{e.name}" for e in stray]
     whole: set[str] = set()
@@ -842,6 +852,16 @@ def check(shelf: Shelf, quarantine: bool, progress: Progress | None = None) -> V
     out.abandoned = len(shelf._entries("tmp"))
     shelf._forget_all()
     return out
+
+
+def _looping(folder: str) -> str:
+    """Why a link in ``names/`` leading to ``folder``, the store's own or one holding it, is
+    told as damage."""
+    return (
+        f"a link to {folder}, the store's own folder or one holding it: it is not walked "
+        "(it would walk the store again, and every folder beside it), so no name there is "
+        "read, and gc keeps every blob nothing else refers to. Remove the link"
+    )
 
 
 @dataclass
