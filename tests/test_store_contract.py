@@ -131,6 +131,25 @@ def test_bind_and_resolve(home: Store) -> None:
     assert home.resolve("sms/train") == two
 
 
+def test_a_name_differing_only_in_case_from_a_bound_one_or_its_folder_is_refused(
+    home: Store,
+) -> None:
+    """A name that differs only in case from a bound name, or whose folder differs so from a
+    folder of bound names, is refused in every home, naming the store's spelling, and nothing
+    is bound: where the filesystem does not tell case apart (macOS, Windows), `data/v2` would
+    be written as `Data/v2`, and `Data/V1` over the binding of `Data/v1`."""
+    one, two = home.put(b"Data/v1"), home.put(b"data/v2")
+    home.bind("Data/v1", one)
+    with pytest.raises(BadName, match=r"names are bound under `Data/`.*\(`Data/v2`\)"):
+        home.bind("data/v2", two)
+    with pytest.raises(BadName, match=r"`Data/v1` is bound, which differs from it only in case"):
+        home.bind("Data/V1", two)
+    with pytest.raises(NameNotFound):
+        reopen(home).resolve("data/v2")
+    home.bind("Data/v2", two)
+    assert (reopen(home).resolve("Data/v1"), reopen(home).resolve("Data/v2")) == (one, two)
+
+
 def test_a_name_file_copied_over_another_is_refused(home: Store) -> None:
     """The file of one name copied over another's (by hand; or bound for a name differing
     only in case, where the filesystem does not tell case apart) is refused, not followed

@@ -1408,6 +1408,23 @@ def test_a_name_differing_only_in_case_from_a_bound_one_is_refused(
     assert LocalStore(tmp_path / "store", signing_key=signing_key).resolve("sms/Train") == mixed
 
 
+def test_names_differing_only_in_case_both_bound_before_stay_bound(tmp_path: Path) -> None:
+    """A store an earlier somatize made on a filesystem that tells case apart, holding
+    `Data/v1` and `data/v1` both, resolves and binds each again as before: only a spelling
+    the store lacks is refused."""
+    store = LocalStore(tmp_path / "store")
+    one, two = store.put(b"Data/v1"), store.put(b"data/v1")
+    store.bind("Data/v1", one)
+    names = tmp_path / "store" / "names"
+    (names / "data").mkdir()
+    (names / "data" / "v1").write_bytes(records.encode_name("data/v1", two, None))
+    store.bind("data/v1", two)
+    store.bind("Data/v1", one)
+    assert (store.resolve("Data/v1"), store.resolve("data/v1")) == (one, two)
+    with pytest.raises(BadName, match=r"`data/v1` is bound, which differs from it only in case"):
+        store.bind("data/V1", one)
+
+
 def test_a_name_over_which_another_names_file_was_copied_is_bound_once_it_is_removed(
     tmp_path: Path,
 ) -> None:

@@ -62,11 +62,13 @@ from somatize.store.base import (
     JoinedWrite,
     StoreError,
     StoreFull,
+    case_clash,
     check_digest,
     check_labels,
     check_name,
     names_above,
     nested,
+    spelled_otherwise,
     unbacked,
     unbound,
 )
@@ -742,6 +744,9 @@ class LocalFiles(PackedHome):
                 raise nested(name, above) from None
 
         refuse_nested()
+        other = spelled_otherwise(name, lambda at: _listed(names / at))
+        if other is not None:
+            raise case_clash(name, other, str(self.root))
         self._refuse_another_names(name)
         try:
             touched = _soon(lambda: _touched(blob))

@@ -472,6 +472,39 @@ def nested(name: str, above: str | None) -> BadName:
     )
 
 
+def spelled_otherwise(name: str, listed: Callable[[str], Iterable[str]]) -> str | None:
+    """What a folder on the way to ``name``'s file holds under a spelling differing from
+    ``name``'s only in case, where it holds none spelled as ``name`` (``Data`` for
+    ``data/v2`` with ``Data/v1`` bound), given ``listed`` of a folder under ``names/``
+    (``""`` for ``names/`` itself); None when there is none. On a filesystem that does not
+    tell case apart (macOS, Windows) that is the file or folder ``name`` would be written
+    in, so the rule holds in every home: a store moves between them."""
+    at = ""
+    for segment in name.split("/"):
+        entries = sorted(listed(at))
+        if segment not in entries:
+            other = next((e for e in entries if e.lower() == segment.lower()), None)
+            return None if other is None else f"{at}/{other}" if at else other
+        at = f"{at}/{segment}" if at else segment
+    return None
+
+
+def case_clash(name: str, other: str, where: str) -> BadName:
+    """The refusal of ``name``, whose file or a folder above it the store holds spelled
+    ``other`` (:func:`spelled_otherwise`)."""
+    if other.count("/") == name.count("/"):
+        clash = f"`{other}` is bound, which differs from it only in case"
+        instead = f"Name it otherwise (or bind `{other}` to change that binding)"
+    else:
+        clash = f"names are bound under `{other}/`, which differs from its own folder only in case"
+        instead = f"Bind it in that folder (`{other}{name[len(other) :]}`) or name it otherwise"
+    return BadName(
+        f"cannot bind `{name}` in {where}: {clash}. Where the filesystem does not tell case "
+        "apart (macOS, Windows), both are one file or folder, so the one would take the "
+        f"other's place or be found under the other's spelling. {instead}"
+    )
+
+
 class Store(abc.ABC):
     """A content-addressed store. ``Store(path)`` is a local directory;
     ``Store.on_bucket(url)`` a bucket. See the module docstring for the contracts."""

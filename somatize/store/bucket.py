@@ -67,6 +67,7 @@ from somatize.store.base import (
     Missing,
     NameNotFound,
     StoreError,
+    case_clash,
     check_digest,
     check_name,
     inside_a_section,
@@ -74,6 +75,7 @@ from somatize.store.base import (
     names_above,
     nested,
     section_above,
+    spelled_otherwise,
     unbacked,
     unbound,
     unmarked,
@@ -874,6 +876,11 @@ class BucketStore(BucketShelf):
         clash = self._nesting(name)
         if clash is not None:
             raise clash
+        other = spelled_otherwise(
+            name, lambda at: self._names_in(self._path("names", at).rstrip("/"))
+        )
+        if other is not None:
+            raise case_clash(name, other, self.url)
         if not self._there(blob, f"looking for blob {digest}"):
             bucket = self._missing_bucket()
             raise unbacked(name, digest, self.url) if bucket is None else self._no_bucket(bucket)
