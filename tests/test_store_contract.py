@@ -144,6 +144,8 @@ def test_a_name_differing_only_in_case_from_a_bound_one_or_its_folder_is_refused
         home.bind("data/v2", two)
     with pytest.raises(BadName, match=r"`Data/v1` is bound, which differs from it only in case"):
         home.bind("Data/V1", two)
+    with pytest.raises(BadName, match=r"names are bound under `Data/`, which differs from it only"):
+        home.bind("DATA", two)
     with pytest.raises(NameNotFound):
         reopen(home).resolve("data/v2")
     home.bind("Data/v2", two)

@@ -746,7 +746,7 @@ class LocalFiles(PackedHome):
         refuse_nested()
         other = spelled_otherwise(name, lambda at: _listed(names / at))
         if other is not None:
-            raise case_clash(name, other, str(self.root))
+            raise case_clash(name, other, str(self.root), (names / other).is_dir())
         self._refuse_another_names(name)
         try:
             touched = _soon(lambda: _touched(blob))

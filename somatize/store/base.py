@@ -489,12 +489,15 @@ def spelled_otherwise(name: str, listed: Callable[[str], Iterable[str]]) -> str 
     return None
 
 
-def case_clash(name: str, other: str, where: str) -> BadName:
+def case_clash(name: str, other: str, where: str, folder: bool) -> BadName:
     """The refusal of ``name``, whose file or a folder above it the store holds spelled
-    ``other`` (:func:`spelled_otherwise`)."""
-    if other.count("/") == name.count("/"):
+    ``other`` (:func:`spelled_otherwise`): a folder of names when ``folder``."""
+    if not folder:
         clash = f"`{other}` is bound, which differs from it only in case"
         instead = f"Name it otherwise (or bind `{other}` to change that binding)"
+    elif other.count("/") == name.count("/"):
+        clash = f"names are bound under `{other}/`, which differs from it only in case"
+        instead = "Name it otherwise"
     else:
         clash = f"names are bound under `{other}/`, which differs from its own folder only in case"
         instead = f"Bind it in that folder (`{other}{name[len(other) :]}`) or name it otherwise"

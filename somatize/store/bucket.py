@@ -880,7 +880,7 @@ class BucketStore(BucketShelf):
             name, lambda at: self._names_in(self._path("names", at).rstrip("/"))
         )
         if other is not None:
-            raise case_clash(name, other, self.url)
+            raise case_clash(name, other, self.url, self._names_under(other))
         if not self._there(blob, f"looking for blob {digest}"):
             bucket = self._missing_bucket()
             raise unbacked(name, digest, self.url) if bucket is None else self._no_bucket(bucket)
@@ -923,10 +923,14 @@ class BucketStore(BucketShelf):
         upper = {self._path("names", n): n for n in names_above(name)}
         found = self._read_paths(list(upper)) if upper else {}
         above = next((n for path, n in upper.items() if found.get(path)), None)
-        inside = f"/names/{name}/"  # listings name paths with or without the protocol
-        if above is not None or any(inside in f"/{p}" for p in self._list(f"names/{name}")):
+        if above is not None or self._names_under(name):
             return nested(name, above)
         return None
+
+    def _names_under(self, name: str) -> bool:
+        """Whether names are bound under ``name`` (a folder of names), from a fresh listing."""
+        inside = f"/names/{name}/"  # listings name paths with or without the protocol
+        return any(inside in f"/{p}" for p in self._list(f"names/{name}"))
 
     def _there(self, path: str, what: str) -> bool:
         """Whether the object at ``path`` is in the bucket now (not as a listing cached)."""
