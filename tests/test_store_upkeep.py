@@ -792,6 +792,51 @@ def test_an_answer_kept_after_one_stamped_ahead_by_a_skewed_clock_supersedes_it(
         assert (answer.fingerprint, bytes(data)) == ("code-v2", b"new 0")
 
 
+def _fresh_stores_recall_the_new_answer(root: Path) -> None:
+    """Asserts that a store opened afresh at ``root`` recalls the code-v2 answer of key 0,
+    whether it asks have() first or not."""
+    for ask in ("have", "recall"):
+        fresh = LocalStore(root)
+        if ask == "have":
+            assert fresh.have([key_of(0)]) == {key_of(0)}
+        answer, data = fresh.recall(key_of(0))
+        assert (answer.fingerprint, bytes(data)) == ("code-v2", b"new 0")
+
+
+def test_a_pack_kept_after_a_record_stamped_ahead_still_supersedes_it_once_the_clock_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record stamped ahead by a machine whose clock runs fast, then packed anew by a store
+    object that read it (its pack stamped just after it), is answered by the pack also once
+    this machine's clock has passed both stamps: the pack's file went into packs/ before
+    then, and no time of the folder says which is newer."""
+    ahead = time.time() + 600
+    with monkeypatch.context() as clock:
+        clock.setattr(time, "time", lambda: ahead)
+        LocalStore(tmp_path / "store").keep(key_of(0), b"old 0", "plain", fingerprint="code-v1")
+    writer = LocalStore(tmp_path / "store")
+    assert writer.recall(key_of(0))[0].fingerprint == "code-v1"
+    writer.keep_many([(key_of(0), b"new 0"), (key_of(1), b"new 1")], "plain", "code-v2")
+    later = (ahead + 60) * 10**9
+    monkeypatch.setattr(time, "time_ns", lambda: int(later))
+    monkeypatch.setattr(time, "time", lambda: later / 10**9)
+    _fresh_stores_recall_the_new_answer(tmp_path / "store")
+
+
+def test_a_pack_kept_after_a_record_supersedes_it_where_the_folder_clock_runs_behind(
+    tmp_path: Path,
+) -> None:
+    """A store on a network filesystem has its files stamped by the server's clock, which may
+    run behind the writers': a pack kept after a record still answers its key, though
+    packs/ was stamped before the record was created."""
+    store = LocalStore(tmp_path / "store")
+    store.keep(key_of(0), b"old 0", "plain", fingerprint="code-v1")
+    store.keep_many([(key_of(0), b"new 0"), (key_of(1), b"new 1")], "plain", "code-v2")
+    behind = time.time_ns() - 3600 * 10**9  # the server's clock, an hour behind
+    os.utime(tmp_path / "store" / "packs", ns=(behind, behind))
+    _fresh_stores_recall_the_new_answer(tmp_path / "store")
+
+
 @pytest.mark.parametrize("newest_listed", ["first", "last"])
 def test_of_two_packs_holding_a_key_the_newer_wins(tmp_path: Path, newest_listed: str) -> None:
     """When two packs hold one key, the newer pack's answer is recalled, whatever order the

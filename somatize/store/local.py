@@ -49,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
+import math
 import mmap
 import os
 import re
@@ -91,7 +92,14 @@ from somatize.store.base import (
     store_kind,
     unmarked,
 )
-from somatize.store.records import Signer, decode_name, decode_record, signer_from
+from somatize.store.records import (
+    PACK_HEAD,
+    Signer,
+    decode_name,
+    decode_record,
+    pack_created,
+    signer_from,
+)
 
 __all__ = ["LocalStore", "Stamp", "no_home", "stamp_of"]
 
@@ -337,6 +345,8 @@ class LocalStore(LocalShelf):
         "_maps",
         "_packs_look",
         "_answers_listed",
+        "_newest_listed",
+        "_packs_created",
         "_may_write",
     )
 
@@ -349,6 +359,11 @@ class LocalStore(LocalShelf):
         self._answers_listed = (-1, False)
         """The time of ``answers/`` when it was last listed (-1: to be listed again), and
         whether that listing held nothing."""
+        self._newest_listed = (-1, math.inf)
+        """The time of ``packs/`` when it was last listed for :meth:`_newest_pack` (-1: to be
+        listed again), and the latest ``created`` of the packs it held."""
+        self._packs_created: dict[str, float] = {}
+        """The name of each pack index in that listing → the ``created`` its first line says."""
         super()._hold_nothing()
 
     def __repr__(self) -> str:
@@ -635,30 +650,69 @@ class LocalStore(LocalShelf):
         read: dict[str, Answer | None] = {}
         if self._holds_no_records():
             return read
-        alone = self._after_every_pack()
+        alone = None  # weighed once a record is found: a first epoch's rows have none
         for key in keys:
             try:
                 answer = read[key] = self._read_record(key)
             except StoreError:
                 continue
-            if answer is not None and alone(answer) and self._whole(answer.value, answer.size):
+            if answer is None:
+                continue
+            alone = alone or self._after_every_pack()
+            if alone(answer) and self._whole(answer.value, answer.size):
                 found.add(key)
         return read
 
     def _after_every_pack(self) -> Callable[[Answer], bool]:
         """Whether a record surely answers its key whatever ``packs/`` holds, so that no
-        index is read for it: created after the folder last changed (a pack published or
-        removed, each created before it was published), by more than a tick of the folder's
-        clock, and not stamped ahead of this machine's clock (by a writer whose clock runs
-        fast, or just after such an answer), whose time says nothing of the folder's."""
+        index is read for it: created after every pack there, by the ``created`` each
+        carries, as a lookup against the packs would weigh them. No folder's time says so:
+        a pack may be stamped after its file went in (by a writer whose clock runs fast, or
+        just after an answer stamped so), and a network filesystem stamps files by its
+        server's clock, not the writers'."""
+        newest = self._newest_pack()
+        return lambda answer: answer.created > newest
+
+    def _newest_pack(self) -> float:
+        """The latest ``created`` of the packs in ``packs/``, each read from the first line
+        of its index, not the whole (an index of a pack of rows holds thousands); infinite
+        where one cannot be read there (a lookup against the packs then says what is
+        wrong). Listed again only once the folder's time moved, as :meth:`_listed_packs`
+        does; an index's ``created`` is read once, its name being the digest of its bytes."""
         try:
-            changed = os.stat(self._packs_dir).st_mtime_ns
+            stamp = os.stat(self._packs_dir).st_mtime_ns
+            listed, newest = self._newest_listed
+            if stamp == listed:
+                return newest
+            names = os.listdir(self._packs_dir)
         except FileNotFoundError:
-            changed = 0  # no folder: no pack
+            return -math.inf  # no folder: no pack
         except OSError:  # not for this process to look at: said by the look at the packs
-            return lambda answer: False
-        after, now = changed + _tick_of(changed), time.time_ns()
-        return lambda answer: after < answer.created * 1e9 <= now
+            return math.inf
+        known = self._packs_created
+        self._packs_created = {
+            name: was if (was := known.get(name, math.inf)) < math.inf else self._pack_created(name)
+            for name in names
+        }
+        newest = max(self._packs_created.values(), default=-math.inf)
+        self._newest_listed = (_to_trust(stamp), newest)
+        return newest
+
+    def _pack_created(self, name: str) -> float:
+        """The ``created`` the index ``name`` in ``packs/`` says in its first line; infinite
+        where that cannot be read (gone meanwhile, damaged, no index)."""
+        try:
+            handle, _ = _open_regular(f"{self._packs_dir}{os.sep}{name}")
+        except OSError:
+            return math.inf
+        try:
+            head = os.read(handle, PACK_HEAD)
+        except OSError:
+            return math.inf
+        finally:
+            os.close(handle)
+        created = pack_created(head)
+        return math.inf if created is None else created
 
     def _whole(self, digest: str, size: int) -> bool:
         """Whether recall would find blob ``digest`` whole: held in memory (its bytes

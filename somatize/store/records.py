@@ -507,6 +507,25 @@ def pack_entries(keys: Sequence[str], offsets: Sequence[int], lengths: Sequence[
     return b"".join(itertools.starmap(_ENTRY.pack, zip(raws, offsets, lengths, strict=True)))
 
 
+PACK_HEAD = 4096
+"""How many bytes of a pack index :func:`pack_created` is handed: more than its first line
+(its header) holds."""
+
+
+def pack_created(head: bytes) -> float | None:
+    """The ``created`` of the pack index whose first bytes are ``head``, read from its
+    header alone, nothing checked (its digest needs the whole): None where the header
+    cannot be read there. It orders a record against the pack, no more: a pack whose
+    header lies is damaged, and answers nothing when its whole index is read."""
+    line, newline, _ = head.partition(b"\n")
+    if not newline:
+        return None
+    try:
+        return moment(json.loads(line)["created"])
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
+        return None
+
+
 def decode_pack(pack_id: str, data: bytes, signer: Signer | None) -> PackIndex:
     """The index ``pack_id`` in ``data``; Corrupt (or Unsigned) unless it hashes to its id,
     is whole and, in a signing store, signed."""
