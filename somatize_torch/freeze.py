@@ -1560,6 +1560,31 @@ def refuse_unseen_state(name: str, module: nn.Module | None) -> None:
             "or this one with a checkpoint loaded, would be recalled the answers kept for "
             "these. Cache the module before it is quantized, or leave it uncached"
         )
+    _refuse_subclassed(name, tensors)
+
+
+def _refuse_subclassed(name: str, tensors: list[tuple[str, torch.Tensor]]) -> None:
+    """Refuses parameters and buffers of a subclass of ``torch.Tensor``: the state digest
+    reads their values alone, but what a module answers may hang on their class (its
+    ``__torch_function__``) or on what else they carry (a scale kept beside packed
+    values), so a module holding the same values as plain tensors, or with another
+    scale, would be recalled the answers kept for these."""
+    subclassed = {
+        part: type(tensor).__qualname__
+        for part, tensor in tensors
+        if type(tensor) not in (torch.Tensor, nn.Parameter)
+    }
+    if subclassed:
+        classes = ", ".join(f"`{kind}`" for kind in sorted(set(subclassed.values())))
+        raise FreezeError(
+            f"`{name}` holds parameters or buffers of a subclass of `torch.Tensor` "
+            f"({few(list(subclassed))}, of {classes}): its "
+            "state digest reads their values only, not their class nor what else they "
+            "carry, so a module holding the same values otherwise would be recalled the "
+            "answers kept for these. Hold them as plain tensors "
+            "(`nn.Parameter(p.as_subclass(torch.Tensor))`) where the subclass changes "
+            "nothing the module answers, or leave the module uncached"
+        )
 
 
 def scripted_parts(module: nn.Module) -> list[str]:

@@ -2582,6 +2582,51 @@ def test_a_module_keeping_packed_quantized_weights_is_refused(store: Store) -> N
         cached(x)
 
 
+class NegatedWeight(torch.Tensor):
+    """A weight that a linear layer uses negated: what it answers hangs on its class as
+    well as on its values."""
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is nn.functional.linear:
+            x, weight, *rest = args
+            return func(x, -weight.as_subclass(torch.Tensor), *rest, **(kwargs or {}))
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+def _negated_weight(module: nn.Linear) -> nn.Linear:
+    """``module`` holding its weight, of the same values, as a ``NegatedWeight``."""
+    weight = module.weight.detach().as_subclass(NegatedWeight)
+    module.weight = nn.Parameter(weight, requires_grad=False)
+    return module
+
+
+def test_a_module_holding_weights_of_a_tensor_subclass_is_refused(store: Store) -> None:
+    """A weight of a subclass of ``torch.Tensor`` may answer by its class, or by what else
+    it carries, as well as by its values, which are all its digest reads: an encoder
+    holding the same values as plain tensors had one digest, and the second recalled the
+    first's answers from a shared store. Refused before anything is held, as is a weight
+    of a subclass put in after the cache was made, at its next call."""
+    torch.manual_seed(0)
+    plain = nn.Linear(6, 4)
+    x = torch.randn(3, 6)
+    smt.cache_rows(plain, store)(x)
+    torch.manual_seed(0)
+    negated = _negated_weight(nn.Linear(6, 4))
+    with pytest.raises(smt.FreezeError, match=r"\(`weight`, of `NegatedWeight`\).*as_subclass"):
+        smt.cache_rows(negated, store)
+    g = Graph.somatize(smt.ModuleNode(negated).named("encoder").frozen().cached())
+    with pytest.raises(smt.FreezeError, match="NegatedWeight"):
+        smt.freeze(g)
+    assert not smt.is_held(negated) and g.memory.state_of("encoder") is None
+    encoder = nn.Sequential(nn.Linear(6, 4), nn.Tanh())
+    cached = smt.cache_rows(encoder, store)
+    cached(x)
+    _negated_weight(encoder[0])
+    with pytest.raises(smt.FreezeError, match=r"\(`0\.weight`, of `NegatedWeight`\)"):
+        cached(x)
+
+
 def test_a_lazy_module_not_made_yet_is_refused() -> None:
     """A lazy module holds no weights before its first call: freezing or caching it is
     refused saying so (not torch's own error about an uninitialized parameter), and
