@@ -7,6 +7,7 @@ gets its own prefix in one bucket, so tests never see each other's objects.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import uuid
 from typing import Any
@@ -41,3 +42,36 @@ def s3_url() -> str:
     """A fresh prefix in the test bucket."""
     s3_options()
     return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+
+READS = ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation", "s3:HeadBucket"]
+"""What a user who may only read a bucket may do (the loopback server names looking for a
+bucket ``HeadBucket``)."""
+
+
+def user(actions: list[str]) -> dict[str, Any]:
+    """Storage options of a new user of the loopback server who may do only ``actions``;
+    the server holds users to what they may do inside ``enable_iam_authentication()``."""
+    import boto3
+
+    endpoint = s3_options()["client_kwargs"]["endpoint_url"]
+    iam = boto3.client(
+        "iam",
+        endpoint_url=endpoint,
+        aws_access_key_id="x",
+        aws_secret_access_key="x",
+        region_name="us-east-1",
+    )
+    name = f"user-{uuid.uuid4().hex[:12]}"
+    iam.create_user(UserName=name)
+    allowed = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
+    }
+    iam.put_user_policy(UserName=name, PolicyName="only", PolicyDocument=json.dumps(allowed))
+    made = iam.create_access_key(UserName=name)["AccessKey"]
+    return {
+        "key": made["AccessKeyId"],
+        "secret": made["SecretAccessKey"],
+        "client_kwargs": {"endpoint_url": endpoint},
+    }

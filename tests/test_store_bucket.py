@@ -35,7 +35,7 @@ from somatize.store import (
     StoreError,
 )
 from somatize.store.records import encode_record
-from tests.conftest_s3 import s3_options, s3_url
+from tests.conftest_s3 import READS, s3_options, s3_url, user
 from tests.forked import in_forked_child
 from tests.nodes import Largest, Rows, Scale
 
@@ -47,39 +47,6 @@ def key_of(label: str) -> str:
 def key_of_bytes(data: bytes) -> str:
     """The digest a store keeps ``data`` under."""
     return "blake3:" + blake3.blake3(data).hexdigest()
-
-
-READS = ["s3:GetObject", "s3:ListBucket", "s3:GetBucketLocation", "s3:HeadBucket"]
-"""What a user who may only read a bucket may do (the loopback server names looking for a
-bucket ``HeadBucket``)."""
-
-
-def user(actions: list[str]) -> dict[str, Any]:
-    """Storage options of a new user of the loopback server who may do only ``actions``;
-    the server holds users to what they may do inside ``enable_iam_authentication()``."""
-    import boto3
-
-    endpoint = s3_options()["client_kwargs"]["endpoint_url"]
-    iam = boto3.client(
-        "iam",
-        endpoint_url=endpoint,
-        aws_access_key_id="x",
-        aws_secret_access_key="x",
-        region_name="us-east-1",
-    )
-    name = f"user-{uuid.uuid4().hex[:12]}"
-    iam.create_user(UserName=name)
-    allowed = {
-        "Version": "2012-10-17",
-        "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
-    }
-    iam.put_user_policy(UserName=name, PolicyName="only", PolicyDocument=json.dumps(allowed))
-    made = iam.create_access_key(UserName=name)["AccessKey"]
-    return {
-        "key": made["AccessKeyId"],
-        "secret": made["SecretAccessKey"],
-        "client_kwargs": {"endpoint_url": endpoint},
-    }
 
 
 def objects(store: Store) -> dict[str, bytes]:
@@ -938,6 +905,52 @@ def test_a_forward_with_a_writer_that_may_not_look_for_the_bucket_keeps() -> Non
         assert g.forward([1.0, 2.0], store=Store.on_bucket(url, **writer)) == 4.0
     assert g.forward([1.0, 2.0], store=Store.on_bucket(url, **s3_options())) == 4.0
     assert largest.calls == 1
+
+
+def test_a_bucket_that_refused_a_write_refuses_forwards_before_any_node_runs() -> None:
+    """With credentials that may only read, the first write the bucket refuses makes the
+    store object read-only: it says so (``writable()`` False), and a later forward that
+    would keep an answer is a StoreError saying the bucket refused writes before any node
+    runs, as a read-only local store's is, while a forward it answers is recalled."""
+    admin, reader = user(["s3:*"]), user(READS)
+    url = s3_url()
+    largest = Largest().named("largest").frozen().cached()
+    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
+    with enable_iam_authentication():
+        assert g.forward([1.0, 2.0], store=Store.on_bucket(url, **admin)) == 4.0
+        store = Store.on_bucket(url, **reader, backoff=0.0)
+        assert store.writable() is True  # nothing tells before a write
+        with pytest.raises(StoreError, match="the bucket refused writes with these credentials"):
+            store.put(b"refused")
+        assert store.writable() is False
+        with pytest.raises(StoreError, match=r"refused writes.*it can still be read") as refused:
+            g.forward([1.0, 3.0], store=store)
+        assert "Access Denied" in str(refused.value)
+        assert largest.calls == 1
+        assert g.forward([1.0, 2.0], store=store) == 4.0
+        assert largest.calls == 1
+        assert Store.on_bucket(url, **admin).writable() is True
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [ConnectionResetError("reset by peer"), OSError(errno.ENOSPC, "No space left on device")],
+)
+def test_a_write_that_fails_otherwise_leaves_the_bucket_writable(
+    monkeypatch: pytest.MonkeyPatch, failure: OSError
+) -> None:
+    """A write that fails for another reason than permission (the bucket unreachable for a
+    while, a full disk) does not make the store read-only: the next forward runs."""
+    store = Store.on_bucket(f"memory://somatize/{uuid.uuid4().hex[:12]}", retries=1, backoff=0.0)
+    assert isinstance(store, BucketStore)
+    monkeypatch.setattr(store.fs, "pipe_file", Counting(None, fail=99, error=failure))
+    with pytest.raises(OSError):
+        store.put(b"not written")
+    monkeypatch.undo()
+    assert store.writable() is True
+    largest = Largest().named("largest").frozen().cached()
+    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
+    assert g.forward([1.0, 2.0], store=store) == 4.0
 
 
 @pytest.mark.parametrize("collector", ["cache", "bucket"])

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from moto.core.authorization import enable_iam_authentication
 from torch import nn
 from torch.autograd import forward_ad
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
@@ -49,6 +50,8 @@ from somatize_torch.rows import (
     prefill,
 )
 from somatize_torch.wrap import CachedInputNeedsGrad, WrapError
+from somatize_torch.writer import WriteFailed
+from tests.conftest_s3 import READS, s3_url, user
 from tests.decoding import NotesWidth
 from tests.drawing import AttendsBeside, DrawnBeside
 from tests.forked import in_forked_child
@@ -864,6 +867,40 @@ def test_a_read_only_store_whose_lookup_fails_refuses_rows_before_running(
         cached(data)
     assert counter.rows == 0 and cached.stats.rows_unread == 0
     cached.close()
+
+
+def test_a_bucket_that_refused_a_write_refuses_rows_before_running(
+    count_rows: Callable[[nn.Module], Tally],
+) -> None:
+    """Over a bucket whose credentials may only read, rows it holds are recalled; the first
+    rows computed fail to be written (WriteFailed at the flush), and from then on a batch
+    with rows it does not hold is a StoreError saying the bucket refused writes, raised
+    before the module runs, as over a read-only local store; what it holds is still
+    answered."""
+    admin, reader = user(["s3:*"]), user(READS)
+    url = s3_url()
+    data = images(16)
+    answers = expected(encoder(), data)
+    with enable_iam_authentication():
+        first = cache_rows(encoder(), Store.on_bucket(url, **admin))
+        first(data[:8])
+        first.close()
+        cached = cache_rows(encoder(), Store.on_bucket(url, **reader, backoff=0.0))
+        counter = count_rows(cached.module)
+        assert torch.equal(cached(data[:8]), answers[:8])
+        assert counter.rows == 0
+        assert torch.allclose(cached(data[8:12]), answers[8:12])  # no store told it yet
+        ran = counter.rows
+        assert ran >= 4 and cached.stats.computed == 4
+        with pytest.raises(WriteFailed, match="could not be written"):
+            cached.flush()
+        with pytest.raises(StoreError, match=r"4 of the 4 rows.*the bucket refused writes"):
+            cached(data[12:])
+        assert counter.rows == ran and cached.stats.computed == 4
+        assert torch.equal(cached(data[:8].flip(0)), answers[:8].flip(0))
+        assert counter.rows == ran and cached.stats.computed == 4
+        with contextlib.suppress(WriteFailed):
+            cached.close()
 
 
 class Transposes(nn.Module):

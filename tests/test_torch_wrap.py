@@ -39,6 +39,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import pytest
 import torch
+from moto.core.authorization import enable_iam_authentication
 from torch import nn
 from torch.autograd import forward_ad
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -50,10 +51,12 @@ from somatize import Drifted, Graph, NotSettled, Opaque, Store, Unsettled
 from somatize.canonical import NotCanonical
 from somatize.codecs import CodecError
 from somatize.keys import node_key, node_prefix, root_key
+from somatize.store import StoreError
 from somatize_torch import _cached, _split, _tracing
 from somatize_torch._modes import in_torch
 from tests import wrap_helpers
 from tests._helpers_config import HoldsConfig
+from tests.conftest_s3 import READS, s3_url, user
 from tests.decoding import Decoder, NotesWidthThenHead, steps_alike
 from tests.drawing import AttendsBeside, DrawnBeside, WritesBeside
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
@@ -200,6 +203,30 @@ def test_a_wrapped_model_is_pickled_by_cloudpickle_with_its_signature(store: Sto
         assert inspect.signature(again.forward) == inspect.signature(model.forward)
         with torch.no_grad():
             assert torch.equal(again(x), plain)
+
+
+def test_a_wrapped_model_over_a_bucket_that_refused_a_write_runs_no_encoder() -> None:
+    """Over a bucket whose credentials may only read, the first call that computes the
+    encoder is refused as its answer is kept; every later call that would compute it is
+    refused (StoreError saying the bucket refused writes) before the encoder runs, as over
+    a read-only local store, and a call the bucket answers is recalled."""
+    admin, reader = user(["s3:*"]), user(READS)
+    url = s3_url()
+    held, first, second = (
+        torch.randn(3, 6, generator=torch.Generator().manual_seed(i)) for i in range(3)
+    )
+    with enable_iam_authentication(), torch.no_grad():
+        kept = _wrapped(Store.on_bucket(url, **admin))(held)
+        model = _model()
+        wrapped = _encoder_frozen(model, Store.on_bucket(url, **reader, backoff=0.0))
+        assert torch.equal(wrapped(held), kept) and model.encoder.calls == 0
+        with pytest.raises(StoreError, match="refused"):
+            wrapped(first)
+        assert model.encoder.calls == 1
+        with pytest.raises(StoreError, match=r"the bucket refused writes.*it can still be read"):
+            wrapped(second)
+        assert model.encoder.calls == 1
+        assert torch.equal(wrapped(held), kept) and model.encoder.calls == 1
 
 
 def test_wrapped_graph_has_one_node_per_declared_submodule(store: Store) -> None:

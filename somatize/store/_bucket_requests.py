@@ -125,6 +125,24 @@ def _refused(error: BaseException) -> bool:
     )
 
 
+_DENIED = {"AccessDenied", "AllAccessDisabled", "403"}
+"""What S3 says of a request these credentials may not make, which stays so for them;
+not an expired token or a clock out of step, which refuse every request alike and pass."""
+
+
+def _denied(error: BaseException) -> PermissionError | None:
+    """The refusal ``error`` is (or was raised from, as :meth:`BucketRequests._call` raises
+    it) when the bucket refuses these credentials the request: a PermissionError that S3
+    says with :data:`_DENIED`, or that another filesystem says (``file://``); None for any
+    other failure (unreachable, a full disk)."""
+    denied = error if isinstance(error, PermissionError) else error.__cause__
+    if not isinstance(denied, PermissionError):
+        return None
+    response = getattr(denied.__cause__, "response", None)
+    code = response.get("Error", {}).get("Code") if isinstance(response, dict) else None
+    return denied if code is None or code in _DENIED else None
+
+
 def _no_credentials(error: BaseException) -> bool:
     """Whether ``error`` says no credentials were found (botocore's ``NoCredentialsError``,
     google-auth's ``DefaultCredentialsError``, …): asking again will not find them."""
@@ -278,6 +296,12 @@ class BucketNotes:
     bucket_seen: bool = False
     """Whether the bucket was once looked for and not found missing (see
     :meth:`BucketRequests._refused_keeping`)."""
+    refused: str | None = None
+    """What the bucket said refusing this object's write for want of permission
+    (credentials that may only read), held so that a forward is refused before it computes
+    what it could not keep (see :meth:`BucketRequests._refused_keeping`); None while no
+    write was refused so. Never cleared by a later write, as of a ``used/`` log that a
+    policy may let readers write."""
     damaged: set[str] = dataclasses.field(default_factory=set)
     """The blobs this store object found damaged: a put of one writes it afresh, not
     trusting the object of the right size there (which a move aside may have left)."""
@@ -443,16 +467,21 @@ class BucketRequests(PackedHome):
         return None
 
     def writable(self) -> bool:
-        """False where the bucket does not exist or the store is in an archive (see
-        :meth:`_refused_keeping`); whether its permissions allow a write shows only when
-        something is written."""
+        """False where the bucket does not exist, the store is in an archive, or the bucket
+        refused this object a write for want of permission (see :meth:`_refused_keeping`);
+        whether its permissions allow a write shows only when something is written."""
         return self._refused_keeping() is None
 
     def _refused_keeping(self) -> StoreError | None:
-        """The error a keep would raise where the store is in an archive or the bucket does
-        not exist. It is looked for once per store object (one request), before its first
-        answer computed is kept; one that may not be asked for (no ``HeadBucket``) may
-        still be written: its keeps say what they find."""
+        """The error a keep would raise where the bucket refused this object a write for
+        want of permission (held from then on: the credentials may only read), the store
+        is in an archive, or the bucket does not exist. The bucket is looked for once per
+        store object (one request), before its first answer computed is kept; one that may
+        not be asked for (no ``HeadBucket``) may still be written: its keeps say what they
+        find."""
+        refused = self._noted.refused
+        if refused is not None:
+            return self._read_only("keep answers in", refused)
         if self._noted.bucket_seen:
             return None
         archived = self._in_archive("keep answers in")
@@ -494,6 +523,16 @@ class BucketRequests(PackedHome):
             f"cannot {doing} {self.url}: the store is in a {kind} archive, which is only read "
             "here. Nothing was changed; it can still be read. Keep answers in a store this "
             "process may write (unpack the archive and open its folder)"
+        )
+
+    def _read_only(self, doing: str, refused: str) -> StoreError:
+        """The error for a write (``doing``: what it would do) to a bucket that refused a
+        write for want of permission (``refused``: which, and what it said)."""
+        return StoreError(
+            f"cannot {doing} {self.url}: the bucket refused writes with these credentials "
+            f"({refused}), so the store is read-only for them. Nothing was "
+            "changed; it can still be read. Keep answers in a store these credentials may "
+            "write, or open this one with credentials that may write there"
         )
 
     def _no_bucket(self, bucket: str) -> StoreError:
@@ -580,7 +619,16 @@ class BucketRequests(PackedHome):
                 if bucket is not None:
                     raise self._no_bucket(bucket) from why
                 raise StoreError(f"writing {target} on {self.url} failed: {why}") from why
-            raise
+            denied = _denied(why)
+            if denied is None:
+                raise
+            where = target[len(self.root) + 1 :]
+            refused = f"writing {where}: {denied}"
+            # A `used/` log is advice, which a policy may refuse alone; any other file
+            # refused means answers cannot be kept.
+            if not where.startswith("used/"):
+                self._noted.refused = refused
+            raise self._read_only("write to", refused) from denied
 
     def _rename(self, path: str, target: str) -> None:
         """Renames ``path`` (in ``tmp/``) to ``target`` on a plain filesystem, into its
