@@ -770,9 +770,10 @@ class Store(abc.ABC):
     def writable(self) -> bool:
         """Whether this process may write into the store, as far as can be told without
         keeping anything: False for a local store on a read-only disk (or in a directory
-        this process may not write to, or one moved or removed since it was opened) and for
-        a bucket that does not exist; True where it cannot be told (a bucket's permissions
-        show only when something is written)."""
+        this process may not write to, or one moved or removed since it was opened), for
+        a bucket that does not exist, and for one that refused this object a write for want
+        of permission; True where it cannot be told (a bucket's permissions show only when
+        something is written)."""
         return True
 
     def _refused_keeping(self) -> StoreError | None:
