@@ -9,8 +9,11 @@ step, and :attr:`~somatize_torch.rows.CachedRows.stats` reads both (:func:`_stat
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
+
+from somatize_torch.writer import WaitsForItself
 
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
@@ -26,9 +29,10 @@ class RowStats:
     is ``recalled / rows``. ``from_pending`` counts rows in no memory tier recalled from
     the background writer's staged copies, their write to the store not yet done.
     ``bytes_kept`` and ``rows_kept`` count what the background writer has written to the
-    store so far; ``rows_unread`` counts rows the store had but could not hand over
-    (damaged, gone since it was asked, or a read that failed), or could not say whether
-    it had (its lookup failed), computed again instead; ``ran_ahead`` counts rows of
+    store so far (:meth:`CachedRows.reset_stats` waits for the period's writes first);
+    ``rows_unread`` counts rows the store had but could not hand over (damaged, gone
+    since it was asked, or a read that failed), or could not say whether it had (its
+    lookup failed), computed again instead; ``ran_ahead`` counts rows of
     batches the module ran whole before their rows were named, on a CUDA device while the
     cache recalled nothing (those found known after all are counted as recalled too);
     ``lookup_s`` is the time spent keying rows and finding them (not
@@ -97,6 +101,16 @@ def _written(self: CachedRows) -> Written:
     return (writer.kept_rows, writer.kept_bytes, writer.failed_rows, writer.took_s)
 
 
+def _writes_ended(self: CachedRows) -> None:
+    """Waits until every row ``self`` has submitted so far is written or has failed, without
+    raising a failure (the next forward or flush does); not on the writer's own thread, nor
+    while holding the lock it writes through, where waiting would never end."""
+    if self._writer is None:
+        return
+    with contextlib.suppress(WaitsForItself):
+        self._writer.drain()
+
+
 def _stats_of(
     self: CachedRows,
     counted: dict[str, float] | None = None,
@@ -132,8 +146,11 @@ def _stats_of(
 
 
 def _reset_stats(self: CachedRows) -> RowStats:
-    """Starts ``self`` counting afresh; returns what it counted until now. A forward under
-    way on another thread is counted whole in one of the two."""
+    """Starts ``self`` counting afresh; returns what it counted until now, once the writes of
+    the rows it computed have ended: an epoch's rows are counted kept (or failed) in that
+    epoch, not in the next, which would seem to keep rows it never computed. A forward
+    under way on another thread is counted whole in one of the two."""
+    _writes_ended(self)
     with self._tiers_lock:
         counted, self._counts = self._counts, dict.fromkeys(_COUNTED, 0.0)
     # What the writer did is read once, for both periods: a write ending on its thread

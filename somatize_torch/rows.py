@@ -535,7 +535,8 @@ class CachedRows(nn.Module):
         return _stats_of(self)
 
     def reset_stats(self) -> RowStats:
-        """Starts counting afresh (per epoch, say); returns what was counted until now."""
+        """Starts counting afresh (per epoch, say); returns what was counted until now, once
+        the rows computed until now are written (or failed): they are counted kept here."""
         return _reset_stats(self)
 
     def freeze_again(self) -> None:

@@ -2066,6 +2066,25 @@ def test_rows_kept_while_stats_are_reset_are_counted_in_one_period(
     cached.close()
 
 
+def test_a_period_reset_while_its_rows_are_written_counts_them_kept(store: Store) -> None:
+    """``reset_stats`` at an epoch's end, its rows still being written behind the steps,
+    counts them kept in that epoch: not as rows the next epoch kept while it computed none."""
+    cached = cache_rows(mlp(), store)
+    cached(rows(4))
+    cached.flush()
+    cached.reset_stats()
+    # The writer gathers rows until a flush or a long pause: these are not written yet.
+    cached._writer.linger = 3600.0  # type: ignore[union-attr]
+    for seed in (2, 3, 4):
+        cached(rows(4, seed=seed))
+    epoch = cached.reset_stats()
+    assert (epoch.computed, epoch.rows_kept, epoch.rows_failed) == (12, 12, 0)
+    assert epoch.bytes_kept >= 12 * 8 * 4  # 8 float32 a row, and their headers
+    cached.flush()
+    assert (cached.stats.rows_kept, cached.stats.bytes_kept) == (0, 0)
+    cached.close()
+
+
 @pytest.mark.parametrize("opened", ["same object", "opened again"])
 def test_two_caches_of_one_store_recall_each_others_unwritten_rows(
     store: Store, monkeypatch: pytest.MonkeyPatch, opened: str
