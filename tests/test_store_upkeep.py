@@ -691,6 +691,53 @@ def test_a_link_in_names_to_the_store_or_above_it_is_not_walked(
     assert LocalStore(root).resolve("data/v1") == hash_bytes(b"a dataset")
 
 
+@pytest.mark.parametrize(
+    ("home", "linked"),
+    [
+        ("local", "names/team"),
+        ("local", "answers"),
+        ("file", "names/team"),
+        ("file", "answers"),
+        ("file", "names"),  # a directory store refuses to open over it at all
+    ],
+)
+def test_upkeep_refuses_a_link_that_leads_nowhere_in_a_section_that_refers_to_blobs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], home: str, linked: str
+) -> None:
+    """names/ or a folder of answers/ moved to another disk and linked, that disk not
+    mounted: the link leads nowhere, and what it holds was listed as nothing, so gc took
+    the blobs it refers to for unused and removed them. gc and verify refuse, naming the
+    link and saying to mount its disk or remove it; nothing is removed, and once the disk
+    is back gc keeps what it refers to."""
+    root = tmp_path / "store"
+    where = str(root) if home == "local" else root.as_uri()
+    store = _at(where, home)
+    name = "team/data/v1" if linked == "names/team" else "data/v1"
+    (root / "names").mkdir(exist_ok=True)
+    disk = tmp_path / "disk"
+    if linked == "names/team":
+        (disk / "team").mkdir(parents=True)
+        (root / "names" / "team").symlink_to(disk / "team", target_is_directory=True)
+    bound = store.put(b"a dataset")
+    store.bind(name, bound)
+    answer = store.keep(key_of(1), b"an answer", "plain")
+    link = root / (linked if linked != "answers" else f"answers/{key_of(1)[7:9]}")
+    if linked != "names/team":
+        disk.mkdir()
+        link.rename(disk / link.name)
+        link.symlink_to(disk / link.name, target_is_directory=True)
+    disk.rename(tmp_path / "unmounted")
+    for upkeep in (lambda: _at(where, home).gc(grace=0), lambda: _at(where, home).verify()):
+        with pytest.raises(StoreError, match=rf"{linked}.* leads nowhere.* mount"):
+            upkeep()
+    assert main(["store", "gc", "--store", where, "--grace", "0"]) == 2
+    assert "leads nowhere" in capsys.readouterr().err
+    (tmp_path / "unmounted").rename(disk)
+    assert _at(where, home).gc(grace=0).blobs == 0
+    assert LocalStore(root).has_blob(bound) and LocalStore(root).has_blob(answer.value)
+    assert LocalStore(root).resolve(name) == bound
+
+
 def test_a_store_whose_blobs_are_on_another_filesystem_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -38,7 +38,13 @@ from collections.abc import Callable, Sequence
 from stat import S_ISDIR, S_ISREG
 from typing import Any, TypeVar, cast
 
-from somatize.store._local_files import NotAFile, _open_regular, _read_file
+from somatize.store._local_files import (
+    LedNowhere,
+    NotAFile,
+    _open_regular,
+    _read_file,
+    refuse_led_nowhere,
+)
 from somatize.store._packed import PackedHome, nbytes
 from somatize.store.base import (
     MARKER,
@@ -69,7 +75,14 @@ removed each time before the rename (see :meth:`BucketRequests._rename`)."""
 _DELETE_AGAIN = {"InternalError", "SlowDown", "ServiceUnavailable", "RequestTimeout"}
 """Why S3 did not delete a key in a bulk delete, when asking again may do it."""
 
-_DEFINITE = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, NotAFile)
+_DEFINITE = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    NotAFile,
+    LedNowhere,
+)
 _ABSENT = (FileNotFoundError, IsADirectoryError, NotADirectoryError, NotAFile)
 """What reading a file that is not there raises: on a plain filesystem (``file://``) a
 folder of names, or a path under a name, is not a file either, nor is what is no regular
@@ -758,19 +771,27 @@ class BucketRequests(PackedHome):
         return out
 
     def _list(
-        self, section: str, walked: Callable[[str], bool] = lambda folder: True
+        self,
+        section: str,
+        walked: Callable[[str], bool] = lambda folder: True,
+        *,
+        upkeep: bool = False,
     ) -> dict[str, dict[str, Any]]:
         """Path → info of every object under ``section``, from a fresh listing; on a plain
         filesystem, in the folders ``walked`` says yes to (given the folder's path in the
-        section, ``ab`` or ``ab/cd``) only. A folder marker (a zero-byte key ending in
-        ``/``, what the S3 console's "Create folder" writes) is no file: it is left out."""
+        section, ``ab`` or ``ab/cd``) only; for ``upkeep``, a link there leading nowhere is
+        refused (:func:`~somatize.store._local_files.refuse_led_nowhere`). A folder marker
+        (a zero-byte key ending in ``/``, what the S3 console's "Create folder" writes) is
+        no file: it is left out."""
         where = f"{self.root}/{section}"
         self.fs.invalidate_cache(where)
         try:
             if self._atomic:
                 found = self._call(f"listing {section}", self.fs.find, where, detail=True)
             else:
-                walk = functools.partial(self._walk, where, walked)
+                # A reader takes what such a link holds for absent: a miss, never wrong.
+                led = section if upkeep else ""
+                walk = functools.partial(self._walk, where, walked, section=led)
                 found = dict(sorted(self._call(f"listing {section}", walk).items()))
         except _ABSENT:
             return {}
@@ -786,6 +807,7 @@ class BucketRequests(PackedHome):
         walked: Callable[[str], bool],
         inside: str = "",
         seen: set[tuple[int, int]] | None = None,
+        section: str = "",
     ) -> dict[str, dict[str, Any]]:
         """Path → info of every file under ``where`` on a plain filesystem, in the folders
         ``walked`` says yes to (given the path of each under the first ``where``). Links are
@@ -800,18 +822,20 @@ class BucketRequests(PackedHome):
             here = os.stat(where)
             listed = self.fs.ls(where, detail=True)
         except FileNotFoundError:
+            refuse_led_nowhere(section, where, f"{section}/{inside}".rstrip("/"))
             return out
         if (here.st_dev, here.st_ino) in seen:
             return out
         seen.add((here.st_dev, here.st_ino))
         for info in listed:
             followed = _followed(info)
+            folder = f"{inside}{info['name'].rsplit('/', 1)[-1]}"
             if followed is None:
+                refuse_led_nowhere(section, info["name"], f"{section}/{folder}")
                 continue
             if followed.get("type") == "directory":
-                folder = f"{inside}{info['name'].rsplit('/', 1)[-1]}"
                 if walked(folder):
-                    out.update(self._walk(info["name"], walked, f"{folder}/", seen))
+                    out.update(self._walk(info["name"], walked, f"{folder}/", seen, section))
             else:
                 out[info["name"]] = followed
         return out

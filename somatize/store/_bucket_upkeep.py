@@ -458,7 +458,7 @@ class BucketShelf(BucketRequests):
             return []
         out = [
             Entry(name, int(info.get("size") or 0), _mtime(info))
-            for name, info in self._listed(section).items()
+            for name, info in self._listed(section, upkeep=True).items()
             if not (section == "tmp" and name.startswith(f"{_ASIDE}/"))  # a gc's copies
         ]
         if not self._atomic and section in _LAID_OUT:  # a directory: links lead out
@@ -521,9 +521,10 @@ class BucketShelf(BucketRequests):
             "run it again"
         )
 
-    def _listed(self, section: str) -> dict[str, dict[str, Any]]:
+    def _listed(self, section: str, *, upkeep: bool = False) -> dict[str, dict[str, Any]]:
         """Name in ``section`` → info of each file listed there at the depth the store
-        writes its files (see :data:`_DEPTHS`); one fresh listing."""
+        writes its files (see :data:`_DEPTHS`); one fresh listing, for ``upkeep`` refusing
+        a link there that leads nowhere."""
         base = f"{self.root}/{section}/".lstrip("/")
         depth = _DEPTHS.get(section)
         home = "" if self._atomic else os.path.realpath(self.fs._strip_protocol(self.root))
@@ -548,7 +549,7 @@ class BucketShelf(BucketRequests):
             self._names_looping = looping
             if holding_the_store(home, os.path.join(home, section), looping, ""):
                 return out
-        for path, info in self._list(section, walked).items():
+        for path, info in self._list(section, walked, upkeep=upkeep).items():
             name = path.lstrip("/")[len(base) :]
             if depth is not None and name.count("/") > depth:
                 continue  # another store's, inside this one's section, or a user's folder

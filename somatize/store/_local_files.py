@@ -79,6 +79,7 @@ from somatize.store.records import (
     encode_name,
     holds_another_name,
 )
+from somatize.store.upkeep import _READ
 
 T = TypeVar("T")
 
@@ -166,10 +167,30 @@ class TakenFromTmp(StoreError):
     published."""
 
 
+class LedNowhere(StoreError):
+    """A link that leads nowhere in a section whose files refer to blobs: what it held
+    cannot be listed, and asking again will not list it (:func:`refuse_led_nowhere`)."""
+
+
 class NotAFile(OSError):
     """What is at a path is no file a store writes: not a regular file (a FIFO, a device,
     a symlink to ``/dev/zero``), or larger than any file of its kind. Reading it would
     wait, or read, for good; readers take it as damage or absence."""
+
+
+def refuse_led_nowhere(section: str, path: str, shown: str) -> None:
+    """Refuses ``path`` (``shown`` as ``names/team``) where it is a link that leads nowhere
+    in a section whose files refer to blobs: a folder moved to another disk and linked,
+    that disk not mounted. Listed as nothing, what it holds would refer to nothing, and gc
+    take the blobs it refers to for unused and remove them."""
+    if section not in _READ or not os.path.islink(path) or os.path.exists(path):
+        return
+    raise LedNowhere(
+        f"{shown} leads nowhere: it is a link to {os.readlink(path)}, which is not there (a "
+        "disk not mounted?), and the blobs what it holds refers to would be taken for "
+        "unused. Mount that disk, or remove the link if what it held is gone; nothing was "
+        "removed or changed"
+    )
 
 
 def _open_regular(path: str) -> tuple[int, os.stat_result]:

@@ -41,6 +41,7 @@ from somatize.store._local_files import (
     NotAFile,
     _open_regular,
     _read_file,
+    refuse_led_nowhere,
 )
 from somatize.store._packed import FULL, WRITE_NAME, hash_bytes
 from somatize.store.base import MARKER, StoreError, holds_store, prune_above
@@ -117,6 +118,7 @@ class LocalShelf(LocalFiles):
         walked: set[tuple[int, int]] = set()
         home = (os.path.realpath(self.root),)
         looping: dict[str, str] = {}
+        refuse_led_nowhere(section, base, section)
         for folder, folders, files in os.walk(base, onerror=unlisted, followlinks=True):
             try:
                 here = os.stat(folder)
@@ -147,7 +149,10 @@ class LocalShelf(LocalFiles):
             for name in files:
                 try:
                     stat = os.stat(f"{folder}{os.sep}{name}")
-                except FileNotFoundError:
+                except FileNotFoundError:  # removed meanwhile, or a link leading nowhere
+                    refuse_led_nowhere(
+                        section, f"{folder}{os.sep}{name}", f"{section}/{lead}{name}"
+                    )
                     continue
                 except OSError as why:
                     raise self._unreadable(section, why) from why
