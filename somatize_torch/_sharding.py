@@ -61,6 +61,8 @@ class Originals:
         """Whether ``tensor``, in the place of ``module``'s parameter ``name`` (dotted), is a
         view FSDP1 cut from its flat parameter for a forward, of an original parameter left
         frozen."""
+        if _flat_of(tensor) is None:  # no view: most models, TorchScript ones too
+            return False
         path, _, local = name.rpartition(".")
         original = self.of(module.get_submodule(path), local, tensor)
         return original is not None and not original.requires_grad

@@ -7,8 +7,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 import torch.distributed as dist
+from torch import nn
 
+from somatize_torch._state import own_parameters, trainable_parameters
 from tests.sharded import fsdp1_training, fsdp1_watching, fsdp2_loading, run_ranks
 
 pytestmark = [
@@ -53,3 +56,18 @@ def test_fsdp2_sees_encoder_weights_loaded_into_the_sharded_model(tmp_path: Path
     back)."""
     for answer in run_ranks(fsdp2_loading, how, str(tmp_path / "store")):
         assert answer["same"] == [True, True, True]
+
+
+def test_own_parameters_of_a_module_fsdp_never_held_are_all_its_parameters() -> None:
+    """A module no FSDP holds, a TorchScript one too (whose parts cannot be looked up by
+    name), has all its parameters as its own, frozen and trained alike."""
+    plain = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 1))
+    plain[0].requires_grad_(False)
+    for module in (plain, torch.jit.script(plain)):
+        assert [name for name, _ in own_parameters(module)] == [
+            "0.weight",
+            "0.bias",
+            "1.weight",
+            "1.bias",
+        ]
+        assert [name for name, _ in trainable_parameters(module)] == ["1.weight", "1.bias"]
