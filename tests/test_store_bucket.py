@@ -953,6 +953,44 @@ def test_a_write_that_fails_otherwise_leaves_the_bucket_writable(
     assert g.forward([1.0, 2.0], store=store) == 4.0
 
 
+def refusing(store: Store, under: str = "") -> Any:
+    """A ``pipe_file`` for ``store`` that refuses, as a bucket refusing these credentials
+    does, every write of a path holding ``under`` (every write where empty)."""
+    assert isinstance(store, BucketStore)
+    real = store.fs.pipe_file
+
+    def pipe_file(path: str, *args: Any, **kwargs: Any) -> Any:
+        if under in path:
+            raise PermissionError("Access Denied")
+        return real(path, *args, **kwargs)
+
+    return pipe_file
+
+
+def assert_keeps(store: Store) -> None:
+    """Asserts that a forward over ``store`` keeps its answer: the same forward again is
+    recalled, not computed."""
+    largest = Largest().named("largest").frozen().cached()
+    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
+    assert g.forward([1.0, 2.0], store=store) == 4.0
+    assert g.forward([1.0, 2.0], store=store) == 4.0
+    assert largest.calls == 1
+
+
+def test_a_refused_binding_leaves_the_bucket_writable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bucket whose policy refuses these credentials names alone (bound by whoever
+    publishes them) refuses the binding, and still keeps the answers a forward computes:
+    writing a name keeps no answer."""
+    store = Store.on_bucket(f"memory://somatize/{uuid.uuid4().hex[:12]}", backoff=0.0)
+    assert isinstance(store, BucketStore)
+    digest = store.put(b"bound by a publisher")
+    monkeypatch.setattr(store.fs, "pipe_file", refusing(store, "/names/"))
+    with pytest.raises(StoreError, match="the bucket refused writes"):
+        store.bind("release/v1", digest)
+    assert store.writable() is True
+    assert_keeps(store)
+
+
 @pytest.mark.parametrize("collector", ["cache", "bucket"])
 @pytest.mark.parametrize("when", ["kept", "packed"])
 def test_a_gc_of_the_cache_leaves_the_blob_a_keep_is_copying_there(

@@ -637,9 +637,10 @@ class BucketRequests(PackedHome):
                 raise
             where = target[len(self.root) + 1 :]
             refused = f"writing {where}: {denied}"
-            # A `used/` log is advice, which a policy may refuse alone; any other file
-            # refused means answers cannot be kept.
-            if not where.startswith("used/"):
+            # A `used/` log is advice, and a name is bound by hand (by whoever publishes
+            # names): a policy may refuse either alone. Any other file refused means
+            # answers cannot be kept.
+            if not where.startswith(("used/", "names/")):
                 self._noted.refused = refused
             raise self._read_only("write to", refused) from denied
 
