@@ -9,6 +9,7 @@ import dataclasses
 import errno
 import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -989,6 +990,24 @@ def test_a_refused_binding_leaves_the_bucket_writable(monkeypatch: pytest.Monkey
         store.bind("release/v1", digest)
     assert store.writable() is True
     assert_keeps(store)
+
+
+def test_a_copy_of_a_bucket_that_refused_a_write_finds_out_for_itself(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A copy of a store whose bucket refused this process a write (a model pickled to a
+    worker, whose credentials are its own: its role, its environment) is not read-only
+    for that: its forwards run and keep their answers."""
+    store = Store.on_bucket(f"memory://somatize/{uuid.uuid4().hex[:12]}", backoff=0.0)
+    monkeypatch.setattr(store.fs, "pipe_file", refusing(store))
+    with pytest.raises(StoreError, match="the bucket refused writes"):
+        store.put(b"refused here")
+    monkeypatch.undo()
+    assert store.writable() is False
+    copy = pickle.loads(pickle.dumps(store))
+    assert copy.writable() is True
+    assert_keeps(copy)
+    assert store.writable() is False
 
 
 @pytest.mark.parametrize("collector", ["cache", "bucket"])

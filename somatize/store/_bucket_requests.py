@@ -380,6 +380,14 @@ class BucketRequests(PackedHome):
     def fs(self, fs: Any) -> None:
         self._opened = (fs, os.getpid())
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy (a model pickled to a worker) may reach the bucket with credentials of its
+        # own (the worker's role, its environment): it finds out for itself whether the
+        # bucket refuses it writes.
+        state = super().__getstate__()
+        state["_noted"] = dataclasses.replace(self._noted, refused=None)
+        return state
+
     @property
     def _atomic(self) -> bool:
         """Whether an upload publishes a file whole by itself (an object store); if not (a
