@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["Originals", "sharded_sources", "sources_changed"]
+__all__ = ["Originals", "is_dtensor", "sharded_sources", "sources_changed"]
 
 
 class Originals:
@@ -119,6 +119,13 @@ def sources_changed(sources: tuple[tuple[Any, torch.Tensor, int], ...]) -> bool:
         param.sharded_param is not sharded or sharded._version != version
         for param, sharded, version in sources
     )
+
+
+def is_dtensor(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a ``DTensor``, as FSDP2 (``fully_shard``) holds a parameter
+    between forwards: this rank's shard of it."""
+    distributed = sys.modules.get("torch.distributed.tensor")
+    return distributed is not None and isinstance(tensor, distributed.DTensor)
 
 
 def _sharded_params(state: Any) -> list[Any]:

@@ -72,6 +72,7 @@ from somatize_torch._settings import (
     settings_of,
     stood_for,
 )
+from somatize_torch._sharding import is_dtensor
 from somatize_torch._state import (
     Read,
     StateWatch,
@@ -1568,12 +1569,24 @@ def _refuse_subclassed(name: str, tensors: list[tuple[str, torch.Tensor]]) -> No
     reads their values alone, but what a module answers may hang on their class (its
     ``__torch_function__``) or on what else they carry (a scale kept beside packed
     values), so a module holding the same values as plain tensors, or with another
-    scale, would be recalled the answers kept for these."""
+    scale, would be recalled the answers kept for these. FSDP2's ``DTensor`` is refused
+    saying how to shard a model holding a cache instead: sharded whole, the model's
+    weights meet the cache gathered, as plain tensors."""
     subclassed = {
         part: type(tensor).__qualname__
         for part, tensor in tensors
         if type(tensor) not in (torch.Tensor, nn.Parameter)
     }
+    sharded = [part for part, tensor in tensors if is_dtensor(tensor)]
+    if sharded:
+        raise FreezeError(
+            f"`{name}` holds parameters or buffers that FSDP2 (`fully_shard`) shards, "
+            f"as `DTensor`s ({few(sharded)}): each holds only this rank's shard, so "
+            "there are no whole weights to digest. Cache the module (`cache_rows`) or "
+            "wrap the model (`somatize.torch.wrap`) before `fully_shard`, then shard the "
+            "model holding the cache (under `wrap`, the whole wrapped model), not this "
+            "module on its own: FSDP2 then gathers its weights before the cache reads them"
+        )
     if subclassed:
         classes = ", ".join(f"`{kind}`" for kind in sorted(set(subclassed.values())))
         raise FreezeError(

@@ -11,8 +11,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import somatize.torch as smt
 from somatize_torch._state import own_parameters, trainable_parameters
-from tests.sharded import fsdp1_training, fsdp1_watching, fsdp2_loading, run_ranks
+from tests.sharded import (
+    Classifier,
+    Encoder,
+    fsdp1_training,
+    fsdp1_watching,
+    fsdp2_loading,
+    run_ranks,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -71,3 +79,33 @@ def test_own_parameters_of_a_module_fsdp_never_held_are_all_its_parameters() -> 
             "1.bias",
         ]
         assert [name for name, _ in trainable_parameters(module)] == ["1.weight", "1.bias"]
+
+
+def test_a_module_fsdp2_shards_is_refused_saying_to_shard_the_model_holding_the_cache(
+    tmp_path: Path,
+) -> None:
+    """``fully_shard`` holds a module's parameters as ``DTensor``s, this rank's shard of
+    each: an encoder sharded before it is cached, or sharded on its own inside a wrapped
+    model, is refused naming ``DTensor`` and saying to cache or wrap before sharding and
+    to shard the model holding the cache, not to hold plain tensors, which FSDP2 puts
+    back at once."""
+    from torch.distributed.fsdp import fully_shard
+
+    advice = r"`DTensor`s.*before `fully_shard`.*the whole wrapped model"
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        encoder = Encoder()
+        fully_shard(encoder)
+        with pytest.raises(smt.FreezeError, match=advice) as refused:
+            smt.cache_rows(encoder, store=str(tmp_path / "store"))
+        assert "as_subclass" not in str(refused.value)
+        model = Classifier()
+        wrapped = smt.wrap(
+            model, frozen=["encoder"], cached=["encoder"], store=str(tmp_path / "store")
+        )
+        smt.freeze(wrapped)
+        fully_shard(model.encoder)
+        with pytest.raises(smt.FreezeError, match=advice), torch.no_grad():
+            wrapped(torch.randn(2, 16))
+    finally:
+        dist.destroy_process_group()
