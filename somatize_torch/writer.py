@@ -52,6 +52,7 @@ import logging
 import multiprocessing.util
 import os
 import queue
+import sys
 import threading
 import time
 import weakref
@@ -642,11 +643,10 @@ class _Backlog:
     @property
     def gathering(self) -> float:
         """Seconds rows are gathered before they are written: ``linger``, but none in a
-        worker process, which its parent's exit may end (a persistent DataLoader worker
-        is terminated, and runs no finalizer), so that little is left unwritten when it
+        worker process (:func:`_in_a_worker`), so that little is left unwritten when it
         goes. Asked as the thread runs: a child started by spawn or a forkserver makes
         the caches it is handed before it knows it has a parent."""
-        return 0.0 if multiprocessing.parent_process() is not None else self.linger
+        return 0.0 if _in_a_worker() else self.linger
 
     def start(self) -> None:
         """Starts the thread if none runs; called with ``life`` held."""
@@ -1047,6 +1047,25 @@ def _run(backlog: _Backlog) -> None:
         backlog.write(list(gathered.values()))
         if let_go and not stop:
             stop = backlog.unused()
+
+
+def _in_a_worker() -> bool:
+    """Whether this process is a worker that may end with no chance to flush: a
+    multiprocessing child (a persistent DataLoader worker is terminated when its parent
+    exits, and runs no finalizer), or a Ray worker — an actor is ended by ``ray.kill``,
+    and a job's driver goes on, reading the store, while the actors it let go of still
+    exit. Ray is looked for only where it is imported already: a Ray worker imports it
+    before it runs anything."""
+    if multiprocessing.parent_process() is not None:
+        return True
+    ray = sys.modules.get("ray")
+    # Only a process connected to Ray is asked: `get_runtime_context` starts a cluster in
+    # one that is not. Ray still being imported has neither name yet.
+    connected = getattr(ray, "is_initialized", None)
+    if ray is None or connected is None or not connected():
+        return False
+    worker = getattr(ray.get_runtime_context(), "worker", None)
+    return getattr(worker, "mode", None) == getattr(ray, "WORKER_MODE", object())
 
 
 def _let_go(backlog: _Backlog) -> None:

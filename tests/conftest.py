@@ -51,3 +51,44 @@ def interrupt_when() -> Iterator[Callable[[Path], threading.Thread]]:
         yield start
     finally:
         signal.signal(signal.SIGINT, was)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[None]:
+    """One local Ray cluster for the test module asking for it, bound to 127.0.0.1 only. Ray reads
+    `RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER` once, when it is imported — the test module imported
+    it already — so the setting it was read into is set too (the processes the cluster starts
+    read the environment).
+
+    The raylet starts as many worker processes at once as the cluster has CPUs, two here,
+    and counts one whose Python cannot run Ray (the tests' ``/bin/false``) as starting
+    until its registration times out, a minute later: two such tests left no worker able
+    to start for the tests after them, which waited out that minute. Eight may start at
+    once instead."""
+    ray = pytest.importorskip("ray", reason="these tests need ray: pip install 'somatize[ray]'")
+    from ray._private import ray_constants
+
+    saved = {k: os.environ.get(k) for k in ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_AUTH_MODE")}
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    clusters = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    ray.init(
+        num_cpus=2,
+        resources={"slot": 8},
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config={"worker_maximum_startup_concurrency": 8},
+    )
+    try:
+        gcs = ray.get_runtime_context().gcs_address
+        assert gcs.startswith("127.0.0.1:"), f"the test cluster listens on {gcs}, not loopback"
+        yield
+    finally:
+        ray.shutdown()
+        ray_constants.ENABLE_RAY_CLUSTER = clusters
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

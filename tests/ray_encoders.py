@@ -1,0 +1,27 @@
+"""What the tests of a cache inside Ray actors and tasks run there, in a module so a Ray
+worker can import it."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from somatize_torch import cache_rows
+from somatize_torch.writer import Writer
+
+
+class Encoder:
+    """Stands for the actor class a `map_batches` job runs: a cache over a shared store."""
+
+    def __init__(self, root: str) -> None:
+        torch.manual_seed(0)
+        self.cached = cache_rows(nn.Sequential(nn.Linear(8, 4), nn.ReLU()), root)
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """The batch's features, and how long the store's writer gathers rows here."""
+        return self.cached(x), Writer(self.cached.store).linger
+
+
+def linger_in_a_task(root: str) -> float:
+    """How long the store's writer gathers rows, for a cache made in this task."""
+    return Encoder(root).encode(torch.randn(4, 8))[1]

@@ -1,0 +1,33 @@
+"""A frozen encoder cached per row inside Ray actors and tasks, as a batch inference job
+runs it (`ray.data.Dataset.map_batches` over an actor class holding the cache): rows
+written as they come, so an actor killed or a driver reading the store next finds them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from somatize import Store
+from somatize_torch.writer import LINGER, Writer
+from tests.ray_encoders import Encoder, linger_in_a_task
+
+ray = pytest.importorskip("ray", reason="these tests need ray: pip install 'somatize[ray]'")
+
+
+def test_a_ray_actor_writes_rows_as_they_come(cluster: None, tmp_path: Path) -> None:
+    """In a Ray actor the writer gathers no rows before it writes them, as in any worker
+    process: `ray.kill`, a crash or the end of a job (the driver goes on at once) would
+    otherwise leave a second of rows unwritten, for the next run to compute again."""
+    actor = ray.remote(num_cpus=0)(Encoder).remote(str(tmp_path))
+    features, linger = ray.get(actor.encode.remote(torch.randn(16, 8)))
+    ray.kill(actor)
+    assert features.shape == (16, 4)
+    assert linger == 0.0
+    assert Writer(Store(tmp_path)).linger == LINGER  # the driver gathers as before
+
+
+def test_a_ray_task_writes_rows_as_they_come(cluster: None, tmp_path: Path) -> None:
+    """So does a cache made in a plain Ray task."""
+    assert ray.get(ray.remote(num_cpus=0)(linger_in_a_task).remote(str(tmp_path))) == 0.0
