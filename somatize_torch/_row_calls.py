@@ -32,7 +32,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.nn.utils.rnn import PackedSequence
 
 from somatize_torch._errors import gradient_cut, in_a_transform
-from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError, _describe
+from somatize_torch._row_errors import (
+    NeedsIndex,
+    NotRowwise,
+    RowsError,
+    _describe,
+    is_numpy_array,
+)
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import plain
 from somatize_torch.wrap import CachedInputNeedsGrad
@@ -288,11 +294,14 @@ def _one_batch(module: torch.nn.Module, x: Any) -> str:
     if not found:
         return ""
     named = _input_name(module)
-    picked = next((read for name, read in found if name == named), found[0][1])
+    # Where no input is so named, features come rather from a float column (an image)
+    # than from an integer one beside it (a sample's id), a tokenizer's ids aside.
+    floats = [read for name, read, is_float in found if is_float] or [found[0][1]]
+    picked = next((read for name, read, _ in found if name == named), floats[0])
     if isinstance(x, list) or (isinstance(x, tuple) and not hasattr(x, "_fields")):
         held = f"{len(found)} tensors"
     else:
-        held = ", ".join(f"`{name}`" for name, _ in found)
+        held = ", ".join(f"`{name}`" for name, _, _ in found)
     return (
         f" of {held}. Hand it one, `cached({picked})`, and make what else the module "
         f"reads from it {_MADE_INSIDE}, or stack them into one batch {_STACKED}; or cache "
@@ -300,9 +309,10 @@ def _one_batch(module: torch.nn.Module, x: Any) -> str:
     )
 
 
-def _tensors_in(x: Any) -> list[tuple[str, str]]:
-    """The tensors a batch of several holds (a dict or other mapping, a dataclass, a named
-    tuple, a tuple or list), each as its name and how it is read out of ``batch``."""
+def _tensors_in(x: Any) -> list[tuple[str, str, bool]]:
+    """The tensors (or numpy arrays) a batch of several holds (a dict or other mapping, a
+    dataclass, a named tuple, a tuple or list), each as its name, how it is read out of
+    ``batch`` as a tensor, and whether it holds floating point values."""
     items: list[tuple[str, str, Any]]
     if isinstance(x, Mapping):
         items = [(str(k), f"batch[{k!r}]".replace("'", '"'), v) for k, v in x.items()]
@@ -316,4 +326,10 @@ def _tensors_in(x: Any) -> list[tuple[str, str]]:
         items = [(f"batch[{at}]", f"batch[{at}]", v) for at, v in enumerate(x)]
     else:
         return []
-    return [(name, read) for name, read, value in items if isinstance(value, torch.Tensor)]
+    return [
+        (name, read, value.is_floating_point())
+        if isinstance(value, torch.Tensor)
+        else (name, f"torch.from_numpy({read})", value.dtype.kind == "f")
+        for name, read, value in items
+        if isinstance(value, torch.Tensor) or is_numpy_array(value)
+    ]

@@ -45,4 +45,16 @@ def _describe(value: Any) -> str:
         return f"a {layout} {value.dtype} tensor, whose rows are not dense (`x.to_dense()`)"
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    if is_numpy_array(value):
+        return (
+            f"a numpy {value.dtype} array of shape {list(value.shape)}: hand "
+            "`torch.from_numpy(array)`, which shares its memory"
+        )
     return f"a `{type(value).__name__}`"
+
+
+def is_numpy_array(value: Any) -> bool:
+    """Whether ``value`` is a numpy array (a column of a Ray Data or pandas batch), which a
+    cache takes once made a tensor; told by its class, so as not to import numpy."""
+    kind = type(value)
+    return kind.__module__ == "numpy" and kind.__name__ == "ndarray"

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from moto.core.authorization import enable_iam_authentication
@@ -1417,6 +1418,23 @@ def test_a_batch_of_sequences_of_varying_length_is_refused_saying_how_to_pad_it(
     with pytest.raises(NotRowwise, match=rf"pad it.*{pad}"):
         cached(make(rows))
     cached.close()
+
+
+def test_numpy_arrays_are_refused_saying_to_hand_torch_from_numpy(store: Store) -> None:
+    """A batch of numpy arrays (a Ray Data batch, a dict of columns), one array, or
+    indices as an array are refused naming `torch.from_numpy` of the array to hand; the
+    batch was refused as a `dict`, saying nothing of its arrays."""
+    images = np.zeros((4, 8), np.float32)
+    cached = cache_rows(nn.Linear(8, 2), store)
+    with pytest.raises(NotRowwise, match=r'`cached\(torch\.from_numpy\(batch\["image"\]\)\)`'):
+        cached({"id": np.arange(4), "image": images})
+    with pytest.raises(NotRowwise, match=r"numpy float32 array.*`torch\.from_numpy\(array\)`"):
+        cached(images)
+    cached.close()
+    by_index = cache_rows(nn.Linear(8, 2), store, key="index", version="toy@1")
+    with pytest.raises(NeedsIndex, match=r"numpy int64 array.*`torch\.from_numpy\(array\)`"):
+        by_index(torch.from_numpy(images), index=np.arange(4))
+    by_index.close()
 
 
 class Pixels(nn.Module):
