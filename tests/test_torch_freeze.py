@@ -3220,6 +3220,27 @@ def test_module_class_without_a_stable_name_cannot_be_cached(store: Store) -> No
         g.forward(Opaque(torch.ones(2)), store=store)
 
 
+def test_a_script_s_class_sent_by_value_is_refused_saying_to_move_it_to_a_module(
+    store: Store,
+) -> None:
+    """A module class of the driver's script, as Ray (cloudpickle) rebuilds it by value in
+    an actor (its module `__main__`, which there is Ray's and holds no such name), is
+    refused saying to define it in a module both processes import, not that it is
+    defined inside a function, which it is not."""
+
+    class Encoder(nn.Module):
+        __module__ = "__main__"
+        __qualname__ = "Encoder"
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+    with pytest.raises(TypeError, match=r"`Encoder` is a class of a script \(`__main__`\)") as why:
+        smt.cache_rows(Encoder(), store=store)(torch.ones(2, 3))
+    assert "from encoders import Encoder" in str(why.value)
+    assert "inside a function" not in str(why.value)
+
+
 def test_a_module_made_before_its_class_was_defined_again_is_refused_for_what_it_is(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -16,7 +16,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
-from somatize.catalog._project import qualified
+from somatize.catalog._project import main_named, qualified
 from somatize.errors import SomatizeError
 
 if TYPE_CHECKING:
@@ -62,6 +62,15 @@ def nameless_because(kind: type) -> tuple[str, str]:
             "or its module reloaded), and its name leads to the class made then",
             f"Make the `{kind.__qualname__}` again from its class as it is now (a module's "
             "weights carried over with `load_state_dict`)",
+        )
+    if "<locals>" not in kind.__qualname__ and main_named(kind.__module__) == "__main__":
+        # Ray (cloudpickle) sends a class of the driver's script by value: the worker's own
+        # `__main__` is Ray's, which holds no such name.
+        return (
+            "is a class of a script (`__main__`) that this process's `__main__` does not "
+            "hold, such as one sent by value from another process (to a Ray actor or task)",
+            "Define the class in a module both processes import "
+            f"(`from encoders import {kind.__qualname__}`), not in the script that runs",
         )
     return ("is defined inside a function", "Define the class at module level")
 
