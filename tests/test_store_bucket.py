@@ -465,6 +465,30 @@ def test_graph_runs_against_a_bucket() -> None:
     assert second.record.outcome["rows"] == "spared"
 
 
+def test_a_bucket_opened_asynchronous_is_refused_saying_what_to_do() -> None:
+    """A store's calls are made and answered on the calling thread, so a filesystem opened
+    for awaiting (``asynchronous=True``, what an asyncio server might pass) would fail at
+    its first request with fsspec's "Loop is not running". It is refused as it is opened,
+    saying to drop the option and run the forward off the event loop."""
+    x = {"at": 0, "take": 4}
+    refusal = r"asynchronous=True.*drop it.*asyncio\.to_thread"
+    for where, options in (
+        (s3_url(), {**s3_options(), "asynchronous": True}),
+        (f"simplecache::{s3_url()}", {"s3": {**s3_options(), "asynchronous": True}}),
+    ):
+        with pytest.raises(BadAddress, match=refusal):
+            Store.on_bucket(where, **options)
+
+    async def served() -> float:
+        g = Graph.somatize(
+            Rows().named("rows").frozen() >> Largest().named("top").frozen().cached()
+        )
+        store = Store.on_bucket(s3_url(), **s3_options())
+        return await asyncio.wait_for(asyncio.to_thread(g.forward, x, store=store), 60)
+
+    assert asyncio.run(served()) == 3.0
+
+
 def _use_in_child(store: Store, kept: str, new: str) -> tuple[set[str], bytes, bool]:
     found = store.have([kept])
     value = bytes(store.recall(kept)[1])

@@ -392,6 +392,24 @@ def _not_kept_as_written(url: str, decoded: str, written: str) -> None:
     )
 
 
+def _refuse_asynchronous(url: str, storage_options: Mapping[str, Any]) -> None:
+    """Refuses options that open a filesystem (or a layer of a chained URL) for awaiting.
+    A store calls it from the calling thread and waits for each answer there, which such a
+    filesystem cannot give: every request would fail with fsspec's "Loop is not running"."""
+    layers = [
+        storage_options,
+        *(storage_options.get(layer.split("://", 1)[0]) for layer in url.split("::")[1:]),
+    ]
+    if any(isinstance(options, Mapping) and options.get("asynchronous") for options in layers):
+        raise BadAddress(
+            f"{url} is opened with asynchronous=True, but a store makes its requests and "
+            "waits for their answers on the thread that calls it, which a filesystem made "
+            "for awaiting cannot serve: drop it. Inside an event loop (an async server, a "
+            "notebook), run the forward on another thread, `await asyncio.to_thread("
+            "g.forward, x, store=store)`, to keep the loop free"
+        )
+
+
 def _for_fsspec(url: str) -> str:
     """``url`` (as :func:`_anchored` wrote it) as fsspec takes it: each ``file://`` or
     ``local://`` path decoded, since fsspec does not decode one."""
@@ -567,6 +585,7 @@ class BucketStore(BucketShelf):
             )
         if isinstance(url, str):
             url = _anchored(url)
+        _refuse_asynchronous(url, storage_options)
         self.url = url
         self.storage_options = storage_options
         """What the filesystem was opened with (to open the same store again)."""
