@@ -528,6 +528,19 @@ class _Run:
             self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
             raise
         took = (time.perf_counter_ns() - start) // 1000
+        if _own_coroutine(implementation, value):
+            value.close()  # never to be awaited: closed, so Python does not warn it was not
+            raise self.unusable(
+                node,
+                TypeError(
+                    "answered a coroutine of its own `async def forward`, which a decorator "
+                    "hid when the graph was built: a graph calls a forward and hands on what "
+                    "it returns, never awaiting it. Write `def forward(self, x, ctx)`; to "
+                    "await inside it, run its own loop (`asyncio.run(...)`), or, where the "
+                    "forward is called inside a running loop (a notebook, an async server), "
+                    "call the forward through `asyncio.to_thread`"
+                ),
+            )
         if isinstance(value, Iterator) and self.readers(node) > 1:
             raise self.unusable(
                 node,
@@ -901,6 +914,16 @@ def _whose_code(graph: Graph, node: str, changed: list[str] | None) -> str:
     if above:
         said.append(f"the code of {', '.join(above)}, which it reads")
     return " and of ".join(said)
+
+
+def _own_coroutine(implementation: Any, value: Any) -> bool:
+    """Whether ``value`` is a coroutine of ``implementation``'s own forward, an `async def`
+    under a decorator whose plain wrapper made it look like a plain forward. A coroutine
+    the forward made of another function is an answer like any other, handed on."""
+    if not inspect.iscoroutine(value):
+        return False
+    forward = inspect.unwrap(implementation.forward)
+    return value.cr_code is getattr(forward, "__code__", None)
 
 
 def _describe(value: Any) -> str:

@@ -206,7 +206,8 @@ class Graph:
     def somatize(cls, expr: Node | Expr | Sequence[Any]) -> Graph:
         """The graph of ``expr``: nodes chained with ``>>``, tuples for fan-out and fan-in.
         A node whose forward is ``async def`` (and does not yield) is refused: a forward is
-        called, and what it returns handed on, never awaited."""
+        called, and what it returns handed on, never awaited. One a decorator hides is
+        refused when it answers its own coroutine (NodeFailed)."""
         expr = Expr.of(expr)
         graph = cls()
         order = _topological(expr)
@@ -383,8 +384,10 @@ class Graph:
             raise GraphError(
                 f"`{name}` ({kind}) has an `async def forward`: a graph calls a node's forward "
                 "and hands on what it returns, without awaiting it, so it would hand on a "
-                "coroutine, not its answer. Write `def forward(self, x, ctx)`, running what "
-                "it awaits inside it (`asyncio.run(...)`) if it must"
+                "coroutine, not its answer. Write `def forward(self, x, ctx)`; to await inside "
+                "it, run its own loop (`asyncio.run(...)`), or, where the forward is called "
+                "inside a running loop (a notebook, an async server), call the forward "
+                "through `asyncio.to_thread`"
             )
         self._nodes[name] = node
         self._preds[name] = preds

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import gc
 import sys
+import warnings
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from somatize import Cycle, Expr, Graph, GraphError, Node, UnknownNode
+from somatize import Cycle, Expr, Graph, GraphError, Node, NodeFailed, UnknownNode
 from somatize.plan import compile
 from tests.broker_nodes import Weighted
 from tests.nodes import Add, Echo, Largest, Rows, Scale, Slotted
@@ -135,6 +139,39 @@ def test_a_node_with_an_async_forward_is_refused_when_the_graph_is_built() -> No
     for kind in (_Awaited, _AwaitedObject):
         with pytest.raises(GraphError, match=r"`late` \(_\w+\) has an `async def forward`"):
             Graph.somatize(Echo() >> kind().named("late"))
+
+
+def _called_plainly(forward: Any) -> Any:
+    """A decorator that hides an `async def` from `inspect` (as one timing or logging a
+    call does, or `torch.no_grad()`): its wrapper is a plain function."""
+
+    @functools.wraps(forward)
+    def plainly(*args: Any, **kwargs: Any) -> Any:
+        return forward(*args, **kwargs)
+
+    return plainly
+
+
+class _AwaitedUnderDecorator(Node):
+    @_called_plainly
+    async def forward(self, x: Any, ctx: Any) -> Any:
+        return x
+
+
+def test_an_async_forward_under_a_decorator_is_refused_when_it_runs(tmp_path: Path) -> None:
+    """An `async def forward` a decorator hides is seen as it answers its own coroutine: it
+    is refused naming it, never handed on to the caller nor to a codec, and the coroutine
+    is closed, so Python does not warn it was never awaited."""
+    for store in (None, tmp_path):
+        g = Graph.somatize(
+            Echo().frozen() >> _AwaitedUnderDecorator().named("late").frozen().cached()
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            with pytest.raises(NodeFailed, match=r"`late` .*its own `async def forward`"):
+                g.forward(3, store=store)
+            gc.collect()
+        assert g.record.outcome["late"] == "failed"
 
 
 def test_a_forward_handing_on_an_async_stream_or_an_awaitable_is_taken() -> None:
