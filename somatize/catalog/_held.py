@@ -1000,9 +1000,11 @@ holds as a dict, list or set is read as such a table (:meth:`_Walk.held_in_place
 _AS_MADE: dict[type, Any] = {
     int: int.__int__,
     float: float.__float__,
-    complex: complex.__complex__,  # type: ignore[attr-defined]
+    # by the getters and the slice of the class itself: `complex.__complex__` and
+    # `bytes.__bytes__` are of Python 3.11 on
+    complex: lambda value: complex(complex.real.__get__(value), complex.imag.__get__(value)),
     str: str.__str__,
-    bytes: bytes.__bytes__,  # type: ignore[attr-defined]
+    bytes: lambda value: bytes.__getitem__(value, slice(None)),
     tuple: lambda value: tuple(tuple.__iter__(value)),
     frozenset: lambda value: frozenset(frozenset.__iter__(value)),
 }
