@@ -3,7 +3,40 @@ library's reading of a value of a subclass of a builtin."""
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
+from somatize.catalog import fingerprint_of
 from somatize.catalog._held import _AS_MADE
+from tests import versions_nodes
+
+
+@pytest.mark.parametrize(
+    ("name", "fingerprint"),
+    [
+        ("Unpacks", "sha256:8e9ac8ee237e018f"),
+        ("Formats", "sha256:eedaa7701a8a8e67"),
+        ("Settled", "sha256:13ee17a3fd7c5471"),
+    ],
+)
+def test_a_fingerprint_is_the_same_under_every_python_version(name: str, fingerprint: str) -> None:
+    """Pinned: Python 3.10, 3.11, 3.12 and 3.13 each give these, so a store filled under one
+    recalls its answers under another as kept, not drifted. They change only with how the
+    fingerprint is worked out, on purpose."""
+    assert fingerprint_of(getattr(versions_nodes, name)) == fingerprint
+
+
+def test_a_function_dataclasses_lends_a_dataclass_node_is_not_its_code() -> None:
+    """Python 3.13 sets dataclasses' own function as every dataclass's `__replace__`: the
+    standard library's code, which no edit of the class changes."""
+    kind = dataclasses.make_dataclass(
+        "Lent", [("by", int, 2)], bases=(versions_nodes.Settled,), namespace={}
+    )
+    kind.__module__ = versions_nodes.__name__
+    before = fingerprint_of(kind)
+    kind.__replace__ = dataclasses.replace  # type: ignore[attr-defined]
+    assert fingerprint_of(kind) == before
 
 
 class _Complex(complex):

@@ -82,7 +82,45 @@ def _what_runs(source: str) -> str:
             ast.get_docstring(node, clean=False) is not None
         ):
             node.body = node.body[1:]
-    return ast.unparse(tree)
+    return _as_parsed(tree)
+
+
+def _as_parsed(tree: ast.AST) -> str:
+    """``tree`` written as what it parses to: each node by its kind and its fields, without
+    where it lies. The same under every Python version, where :func:`ast.unparse` is not
+    (3.10 writes ``(a, b) = x``, 3.12 an f-string's nested quotes otherwise): a Python
+    upgrade is no other code. A field a version leaves empty is not written (3.12's
+    ``type_params=[]``), nor an empty text 3.12.1 puts in an f-string's format."""
+    parts: list[str] = []
+    _write_parsed(tree, parts)
+    return "".join(parts)
+
+
+def _write_parsed(value: Any, parts: list[str]) -> None:
+    if isinstance(value, list):
+        parts.append("[")
+        for item in value:
+            _write_parsed(item, parts)
+            parts.append(",")
+        parts.append("]")
+    elif isinstance(value, ast.AST):
+        parts.append(type(value).__name__ + "(")
+        for field in value._fields:
+            item = getattr(value, field, None)
+            if isinstance(value, ast.JoinedStr) and field == "values":
+                item = [v for v in value.values if not _empty_text(v)]
+            if item is None or item == []:
+                continue
+            parts.append(field + "=")
+            _write_parsed(item, parts)
+            parts.append(",")
+        parts.append(")")
+    else:
+        parts.append(repr(value))
+
+
+def _empty_text(node: ast.expr) -> bool:
+    return isinstance(node, ast.Constant) and node.value == ""
 
 
 class _Source:
@@ -703,7 +741,7 @@ def _made_by(body: list[ast.stmt] | None, made: ast.expr, seen: set[str]) -> byt
     """How ``made``, a value ``body`` computes, is written, with how each name it reads that
     ``body`` assigns is (``HIDDEN = 4 * WIDTH``, ``WIDTH = EMBED``, ``EMBED = 128``): another
     value written for one of those is another value, though it is read nowhere else."""
-    parts = [ast.unparse(made).encode()]
+    parts = [_as_parsed(made).encode()]
     for node in ast.walk(made):
         if isinstance(node, ast.Name) and node.id not in seen:
             seen.add(node.id)

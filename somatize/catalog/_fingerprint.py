@@ -24,6 +24,7 @@ from typing import Any
 
 from somatize.catalog._bytecode import _fillers, _state_of, _stores_by
 from somatize.catalog._code import (
+    _as_parsed,
     _as_written,
     _assigned,
     _assigned_now,
@@ -124,7 +125,7 @@ def fingerprint_of(*kinds: type) -> str:
     state |= filled
     kept = by_forward - state
     entries = sorted((qualified(k).encode(), _written(k, state, kept)) for k in lineage)
-    digest = hashlib.sha256(b"somatize code 3\0")
+    digest = hashlib.sha256(b"somatize code 4\0")
     for name, written in entries:
         digest.update(len(name).to_bytes(8, "little") + name + written)
     replaced = _torch_replaced_by_torch(kinds)
@@ -134,6 +135,11 @@ def fingerprint_of(*kinds: type) -> str:
     if kinds:
         _note_known(kinds, list(lineage), said)
     return said
+
+
+def _made_for_dataclass(function: FunctionType) -> bool:
+    """Whether ``function``, a method of a dataclass, is one dataclasses made or lent it."""
+    return function.__code__.co_filename == "<string>" or function.__module__ == "dataclasses"
 
 
 _KNOWN: weakref.WeakKeyDictionary[type, tuple[Any, ...]] = weakref.WeakKeyDictionary()
@@ -238,8 +244,9 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
     helds = [_functions_in(member) for _, member in members]
     texts: list[list[ast.stmt] | None] = []  # the class's statements, read once if needed
     for (name, member), held in zip(members, helds, strict=True):
-        if made and _dunder(name):  # made for the dataclass from a text of its own
-            held = [f for f in held if f.__code__.co_filename != "<string>"]
+        if made and _dunder(name):  # made for the dataclass: from a text of its own, or
+            # dataclasses' own function (3.13's `__replace__`), neither the class's code
+            held = [f for f in held if not _made_for_dataclass(f)]
         for function in held:
             _put(digest, b"def " + name.encode(), _function_bytes(function))
             tables = _default_tables(name, function)
@@ -288,7 +295,7 @@ def _written(kind: type, state: frozenset[str], kept: frozenset[str] = frozenset
                 texts.append(_class_body(kind))
             made_as = _assignment(texts[0], name)
             if made_as is not None:
-                _put(digest, b"table " + name.encode(), b"written " + ast.unparse(made_as).encode())
+                _put(digest, b"table " + name.encode(), b"written " + _as_parsed(made_as).encode())
             elif not any(name in vars(above) for above in kind.__mro__[1:]):
                 _put(digest, b"table " + name.encode(), b"state")
         elif _table(name, member):  # by what it holds, or once changed in place, a mark

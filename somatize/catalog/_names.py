@@ -35,6 +35,7 @@ from somatize.catalog._bytecode import (
 )
 from somatize.catalog._code import (
     _as_imported,
+    _as_parsed,
     _assigned_now,
     _assignment,
     _class_body,
@@ -124,7 +125,7 @@ def _sighted(table: Any, made: ast.expr | None, label: str) -> bytes:
     except Exception:  # not a literal, or one that does not compare
         as_written = False
     if as_written and made is not None:
-        named = b"written " + ast.unparse(made).encode()
+        named = b"written " + _as_parsed(made).encode()
     else:
         named = _held_bytes(table) or _contained_bytes(table) or b""
     token = _token_of(table)
@@ -339,7 +340,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
         if place in filled or place in stored or not _read_table(value):
             # filled as it runs (a log, a cache), holding objects, or more than a watch
             # reads: as written
-            written = None if made is None else b"written " + ast.unparse(made).encode()
+            written = None if made is None else b"written " + _as_parsed(made).encode()
             values = None if place in filled or place in stored else _arrays_bytes(value)
             if values is not None:  # `TABLE = {"m": np.array(...)}`: its arrays by their values
                 out[place] = (
@@ -359,9 +360,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     for module, name in stored & looked.keys():
         made = _assignment(_module_body(module), name)
         if made is not None:
-            named.append(
-                (f"state {main_named(module)}:{name}".encode(), ast.unparse(made).encode())
-            )
+            named.append((f"state {main_named(module)}:{name}".encode(), _as_parsed(made).encode()))
     return sorted(named), tuple(entry for place, entry in looked.items() if place not in stored)
 
 
@@ -531,7 +530,7 @@ def _class_code(kind: type) -> bytes:
             elif _table(name, member):  # as the class's text writes it: what fills it is state
                 made = _assignment(_class_body(above), name)
                 if made is not None:
-                    written = b"written " + ast.unparse(made).encode()
+                    written = b"written " + _as_parsed(made).encode()
                     pieces.append(f"{above.__qualname__}.{name}=".encode() + written)
     for name, factory in _factories(kind):  # `field(default_factory=...)`: how it is made
         if isinstance(factory, FunctionType):
@@ -592,7 +591,7 @@ def _member_value(kind: type, name: str, member: enum.Enum) -> bytes:
     if _exactly_plain(value):
         return _constant_bytes(value)
     made = _assignment(_class_body(kind), name)
-    return b"written " + ast.unparse(made).encode() if made is not None else _token_of(member)
+    return b"written " + _as_parsed(made).encode() if made is not None else _token_of(member)
 
 
 class _ArraySeen(NamedTuple):
