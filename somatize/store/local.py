@@ -127,16 +127,26 @@ class _PacksLook:
     :func:`_to_trust` takes it (-1: list it again); the names listed and the listing made
     of them (pack id → name); and the indexes found damaged, by the stamp of the file read
     (:func:`stamp_of`), read again only once that file is another, not at every look at a
-    changed ``packs/``. One attribute of the store (a store holds few: see
-    :class:`LocalStore`)."""
+    changed ``packs/``. Beside it, what the looks for :meth:`LocalStore._newest_pack` saw
+    (``newest``, ``created``), and the last look at ``answers/`` (``answers``). One
+    attribute of the store (a store holds few: see :class:`LocalStore`)."""
 
-    __slots__ = ("damaged", "found", "names", "stamp")
+    __slots__ = ("answers", "created", "damaged", "found", "names", "newest", "stamp")
 
     def __init__(self) -> None:
         self.stamp = -1
         self.names: frozenset[str] = frozenset()
         self.found: dict[str, str] = {}
         self.damaged: dict[str, Stamp] = {}
+        self.newest: tuple[int, float] = (-1, math.inf)
+        """The time of ``packs/`` when it was last listed for the newest pack (-1: to be
+        listed again), and the latest ``created`` of the packs it held."""
+        self.created: dict[str, float] = {}
+        """The name of each pack index in that listing → the ``created`` its first line
+        says."""
+        self.answers: tuple[int, bool] = (-1, False)
+        """The time of ``answers/`` when it was last listed (-1: to be listed again), and
+        whether that listing held nothing."""
 
 
 def _to_trust(stamp: int) -> int:
@@ -344,9 +354,6 @@ class LocalStore(LocalShelf):
         "_verified",
         "_maps",
         "_packs_look",
-        "_answers_listed",
-        "_newest_listed",
-        "_packs_created",
         "_may_write",
     )
 
@@ -356,14 +363,6 @@ class LocalStore(LocalShelf):
         self._maps: dict[str, tuple[Stamp, memoryview]] = {}
         """Digest → (inode, mtime) of a verified large blob, and its shared read-only map."""
         self._packs_look = _PacksLook()
-        self._answers_listed = (-1, False)
-        """The time of ``answers/`` when it was last listed (-1: to be listed again), and
-        whether that listing held nothing."""
-        self._newest_listed = (-1, math.inf)
-        """The time of ``packs/`` when it was last listed for :meth:`_newest_pack` (-1: to be
-        listed again), and the latest ``created`` of the packs it held."""
-        self._packs_created: dict[str, float] = {}
-        """The name of each pack index in that listing → the ``created`` its first line says."""
         super()._hold_nothing()
 
     def __repr__(self) -> str:
@@ -679,9 +678,10 @@ class LocalStore(LocalShelf):
         where one cannot be read there (a lookup against the packs then says what is
         wrong). Listed again only once the folder's time moved, as :meth:`_listed_packs`
         does; an index's ``created`` is read once, its name being the digest of its bytes."""
+        look = self._packs_look
         try:
             stamp = os.stat(self._packs_dir).st_mtime_ns
-            listed, newest = self._newest_listed
+            listed, newest = look.newest
             if stamp == listed:
                 return newest
             names = os.listdir(self._packs_dir)
@@ -689,13 +689,13 @@ class LocalStore(LocalShelf):
             return -math.inf  # no folder: no pack
         except OSError:  # not for this process to look at: said by the look at the packs
             return math.inf
-        known = self._packs_created
-        self._packs_created = {
+        known = look.created
+        look.created = {
             name: was if (was := known.get(name, math.inf)) < math.inf else self._pack_created(name)
             for name in names
         }
-        newest = max(self._packs_created.values(), default=-math.inf)
-        self._newest_listed = (_to_trust(stamp), newest)
+        newest = max(look.created.values(), default=-math.inf)
+        look.newest = (_to_trust(stamp), newest)
         return newest
 
     def _pack_created(self, name: str) -> float:
@@ -778,7 +778,7 @@ class LocalStore(LocalShelf):
         read per row."""
         try:
             stamp = os.stat(self._answers).st_mtime_ns
-            listed, empty = self._answers_listed
+            listed, empty = self._packs_look.answers
             if stamp == listed:
                 return empty
             empty = not os.listdir(self._answers)
@@ -786,7 +786,7 @@ class LocalStore(LocalShelf):
             return False
         # Found holding some, records are read as ever, which an entry made later cannot
         # make wrong: its time is kept at once.
-        self._answers_listed = (_to_trust(stamp) if empty else stamp, empty)
+        self._packs_look.answers = (_to_trust(stamp) if empty else stamp, empty)
         return empty
 
     def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]:
