@@ -1826,3 +1826,23 @@ def test_a_rotated_key_leaves_old_names_in_place_and_old_answers_to_recompute(
     assert bytes(new.get(digest)) == b"a dataset"
     new.bind("data/v1", LocalStore(root, signing_key="old secret").resolve("data/v1"))
     assert new.resolve("data/v1") == digest and new.verify().damaged == []
+
+
+def test_a_lookup_of_keys_kept_nowhere_looks_at_answers_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup of keys a store of packs alone does not hold (every lookup of a first epoch
+    of rows) looks at whether ``answers/`` holds any record once, not once per step."""
+    store = LocalStore(tmp_path / "store")
+    store.keep_many([(key_of(i), b"row %d" % i) for i in range(3)], "plain")
+    looks = []
+    holds_none = LocalStore._holds_no_records
+
+    def counted(self: LocalStore) -> bool:
+        looks.append(self)
+        return holds_none(self)
+
+    monkeypatch.setattr(LocalStore, "_holds_no_records", counted)
+    assert store.have([key_of(i) for i in range(10, 20)]) == set()
+    assert len(looks) == 1
+    assert store.have([key_of(1), key_of(10)]) == {key_of(1)}

@@ -591,34 +591,42 @@ class LocalStore(LocalShelf):
         records = self._records
         unresolved = []
         packs: dict[str, bool] = {}
-        for key in keys:
-            pack = items.get(key)
-            if pack is not None:
-                whole = packs.get(pack.id)
-                if whole is None:
-                    whole = packs[pack.id] = self._whole(pack.blob, pack.size)
-                if whole:
+        # Keys held in neither table (every lookup of a first epoch) are told by two passes
+        # mapped in C, not a Python step a key.
+        held = list(map(items.get, keys))
+        if held.count(None) == len(keys) and records.keys().isdisjoint(keys):
+            unresolved = list(keys)
+        else:
+            for key, pack in zip(keys, held, strict=True):
+                if pack is not None:
+                    whole = packs.get(pack.id)
+                    if whole is None:
+                        whole = packs[pack.id] = self._whole(pack.blob, pack.size)
+                    if whole:
+                        found.add(key)
+                        continue
+                answer = records.get(key)
+                if answer is None:
+                    unresolved.append(key)
+                elif self._whole(answer.value, answer.size):
                     found.add(key)
-                    continue
-            answer = records.get(key)
-            if answer is None:
-                unresolved.append(key)
-            elif self._whole(answer.value, answer.size):
-                found.add(key)
-            else:  # evicted by a gc elsewhere: perhaps kept anew since, so read afresh
-                self._forget(answer)
-                unresolved.append(key)
-        read = self._records_alone(unresolved, found) if unresolved else {}
+                else:  # evicted by a gc elsewhere: perhaps kept anew since, so read afresh
+                    self._forget(answer)
+                    unresolved.append(key)
+        # `answers/` looked at once a lookup (a stat): a record kept after the look, as
+        # the lookup runs, is one kept after it, as a record kept just after its end.
+        no_records = bool(unresolved) and self._holds_no_records()
+        read = self._records_alone(unresolved, found) if unresolved and not no_records else {}
         unresolved = [key for key in unresolved if key not in found]
         if unresolved:
             packed = self._packed_after_a_look(unresolved)
-            unrecorded = len(packed) < len(unresolved) and self._holds_no_records()
+            unrecorded = len(packed) < len(unresolved) and no_records
             if unrecorded:  # refused as a read of their records would refuse them
                 check_digests([key for key in unresolved if key not in packed])
-            for key in unresolved:
+            # Only the packed ones have an answer where `answers/` holds no record.
+            todo = [key for key in unresolved if key in packed] if unrecorded else unresolved
+            for key in todo:
                 pack = packed.get(key)
-                if pack is None and unrecorded:
-                    continue
                 try:
                     if pack is not None:
                         answer = pack.answer(key)
@@ -643,12 +651,11 @@ class LocalStore(LocalShelf):
     def _records_alone(self, keys: list[str], found: set[str]) -> dict[str, Answer | None]:
         """Reads the record of each of ``keys`` before any pack index: adds to ``found`` each
         whose record answers it whatever ``packs/`` holds (see :meth:`_after_every_pack`)
-        and whose blob is whole. Key → its record (None: it has none), for each read; none
-        is read where ``answers/`` holds nothing, and one that cannot be read is left out,
-        to be read again, and its failure said, unless a pack answers its key."""
+        and whose blob is whole. Key → its record (None: it has none), for each read; one
+        that cannot be read is left out, to be read again, and its failure said, unless a
+        pack answers its key. Not asked where ``answers/`` holds nothing
+        (:meth:`_holds_no_records`), which :meth:`have` looks at once a lookup."""
         read: dict[str, Answer | None] = {}
-        if self._holds_no_records():
-            return read
         alone = None  # weighed once a record is found: a first epoch's rows have none
         for key in keys:
             try:
