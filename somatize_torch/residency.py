@@ -40,12 +40,17 @@ The background store writer, which keeps rows in the store behind the step, is
 from __future__ import annotations
 
 import array
+import itertools
+import operator
 from collections.abc import Hashable, Sequence
 
 import torch
 
 from somatize_torch._row_codec import decode_rows, encode_rows, select_rows
 from somatize_torch.writer import WriteFailed, Writer, store_lock
+
+_NO_SLOT = -1
+"""The slot a bank's lookup answers for a row it does not hold."""
 
 __all__ = [
     "ROW_INDEX_BYTES",
@@ -186,32 +191,29 @@ class Tier:
         pieces of (batch positions — None when they are all of ``keys``, in order — and
         their rows), and the positions not held here.
 
-        A whole batch found in one bank costs one dict pass and one gather."""
+        A whole batch found in one bank costs one dict pass and one gather; each bank is
+        looked in by one mapped pass over the keys still missing, not a Python step a row.
+        """
         pieces: list[tuple[list[int] | None, torch.Tensor]] = []
-        if positions is None and self.banks:
-            get = self.banks[0].slots.get
-            slots = [get(key, -1) for key in keys]
-            if -1 not in slots:
-                return [(None, self.banks[0].gather(slots))], []
         rest = list(range(len(keys))) if positions is None else list(positions)
+        wanted = list(keys) if positions is None else [keys[p] for p in rest]
         for bank in self.banks:
             if not rest:
                 break
-            get = bank.slots.get
-            hit_at: list[int] = []
-            hit_slots: list[int] = []
-            missed: list[int] = []
-            for position in rest:
-                slot = get(keys[position])
-                if slot is None:
-                    missed.append(position)
-                else:
-                    hit_at.append(position)
-                    hit_slots.append(slot)
-            if hit_at:
+            slots = list(map(bank.slots.get, wanted, itertools.repeat(_NO_SLOT, len(wanted))))
+            if _NO_SLOT not in slots:  # all the rows still missing are in this bank
+                whole = len(rest) == len(keys)
+                pieces.append((None if whole else rest, bank.gather(slots)))
+                return pieces, []
+            held = list(map(_NO_SLOT.__ne__, slots))
+            if any(held):
+                hit_at = list(itertools.compress(rest, held))
                 whole = len(hit_at) == len(keys)
+                hit_slots = list(itertools.compress(slots, held))
                 pieces.append((None if whole else hit_at, bank.gather(hit_slots)))
-            rest = missed
+                missed = list(map(operator.not_, held))
+                rest = list(itertools.compress(rest, missed))
+                wanted = list(itertools.compress(wanted, missed))
         return pieces, rest
 
     def admit(self, keys: Sequence[Hashable], rows: torch.Tensor) -> int:

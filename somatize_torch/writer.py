@@ -696,7 +696,8 @@ class _Backlog:
         their staging buffers, and while it counts what failed."""
         with self.changed:
             unwritten = self.unwritten
-            if not unwritten:
+            # As a rule none is staged (rows computed now): told in one pass mapped in C.
+            if unwritten.keys().isdisjoint(keys.values()):
                 return []
             found: dict[int, tuple[_Job, list[int], list[int]]] = {}
             for position, key in keys.items():

@@ -1602,6 +1602,34 @@ class _Interrupting:
         raise KeyboardInterrupt
 
 
+class _CountedSlots(dict[Any, int]):
+    """A bank's slots that count the rows looked up in them."""
+
+    looked = 0
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        type(self).looked += 1
+        return super().get(key, default)
+
+
+def test_a_tier_looks_each_row_up_once_in_a_bank() -> None:
+    """A batch some of whose rows a bank holds is looked up there a row once, not once for
+    the whole batch and again for the rows found: the rows held and the positions missing
+    come back as before."""
+    tier = Tier("device", "cpu", budget=1 << 20)
+    tier.admit(["a", "b"], torch.arange(8.0).reshape(2, 4))
+    (bank,) = tier.banks
+    bank.slots = _CountedSlots(bank.slots)
+    pieces, missing = tier.find(["x", "b", "y", "a"])
+    assert _CountedSlots.looked == 4
+    assert missing == [0, 2]
+    ((positions, got),) = pieces
+    assert positions == [1, 3]
+    assert torch.equal(got, torch.arange(8.0).reshape(2, 4).flip(0))
+    pieces, missing = tier.find(["x", "b", "y", "a"], [1, 3])
+    assert missing == [] and pieces[0][0] == [1, 3]
+
+
 def test_rows_interrupted_while_admitted_are_never_recalled_wrong() -> None:
     """A Ctrl-C while a tier records the keys of rows it admits leaves none of those keys
     pointing at a row: rows admitted after are recalled as themselves, and the keys of the
