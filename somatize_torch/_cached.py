@@ -565,7 +565,12 @@ def _keyed_call(
     raised: Exception | None = None
     try:
         with torch.no_grad():
-            out = solo.forward(Opaque(tuple(args), TENSOR), store=store, watching=facts.append)
+            out = solo.forward(
+                Opaque(tuple(args), TENSOR),
+                store=store,
+                watching=facts.append,
+                strict=self.owner.strict,
+            )
     except BaseException as failed:
         # What the call did, its failure included, is what the last call did.
         self.owner._noted(name, Record(facts))

@@ -197,12 +197,15 @@ class Wrapped(nn.Module):
     """A model whose declared submodules are somatize nodes; see the module docstring.
 
     ``graph`` is the somatize graph, ``store`` where cached answers live (may be
-    reassigned), ``model`` the model it wraps: it holds the model's own tables of
+    reassigned), ``strict`` whether an answer kept by another version of a cached part's
+    code is computed again (and kept anew) rather than recalled as drifted, ``model`` the
+    model it wraps: it holds the model's own tables of
     children, parameters and buffers, so a part replaced on either is replaced on both.
     """
 
     graph: Graph
     store: Store | None
+    strict: bool = False
     model: nn.Module
     _runners: dict[Key, Runners]
     """Per set of optional arguments a call leaves None and plain values it gives the
@@ -943,6 +946,7 @@ def wrap(
     frozen: Names = (),
     cached: Names = (),
     store: Store | str | os.PathLike[str] | None = None,
+    strict: bool = False,
 ) -> Wrapped:
     """``model`` with its declared submodules as somatize nodes; see the module docstring.
 
@@ -952,10 +956,14 @@ def wrap(
     not traced: ``wrap(encoder, frozen=True, cached=True)`` works for any module, and
     ``cached={"": "v2"}`` caches it with a salt.
     A cached submodule must be frozen too. ``store`` is a :class:`somatize.Store`
-    or a directory; without one, nothing is kept.
+    or a directory; without one, nothing is kept. ``strict`` computes again an answer
+    kept by another version of a cached part's code (an earlier somatize's too) instead
+    of recalling it as drifted.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"wrap takes an nn.Module, got a `{type(model).__name__}`")
+    if not isinstance(strict, bool):
+        raise WrapError(f"strict= is True or False, got {strict!r}")
     if isinstance(model, Wrapped):
         raise WrapError(
             f"this `{type(model.model).__name__}` is wrapped already (made by "
@@ -978,7 +986,7 @@ def wrap(
                 "submodule is one node, never traced into. Declare one or the other"
             )
     if "" in declared:
-        return _whole(model, frozen_names, cached_names, store)
+        return _strict(_whole(model, frozen_names, cached_names, store), strict)
 
     _refuse_global_hooks(model, "wrapping it and calling the wrapped model")
     own = hooks_of(model)
@@ -1001,6 +1009,14 @@ def wrap(
     object.__setattr__(wrapped, "_optional", optional)
     if tracing.signature is not None and not tracing.named and tracing.signature.parameters:
         object.__setattr__(wrapped, "_varying", tracing.signature)
+    return _strict(wrapped, strict)
+
+
+def _strict(wrapped: Wrapped, strict: bool) -> Wrapped:
+    """``wrapped``, holding ``strict`` where it is so (else the class's False)."""
+    if strict:
+        # Set past `__setattr__`: a `strict` the model's code reads is the model's own.
+        object.__setattr__(wrapped, "strict", True)
     return wrapped
 
 

@@ -1655,6 +1655,43 @@ def test_a_config_class_changed_after_answers_were_kept_is_seen_as_drifted(
     assert wrapped.counts[name]["drifted"] == 1
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
+def test_a_model_wrapped_strict_computes_a_drifted_answer_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch, whole: bool
+) -> None:
+    """An answer kept by another version of a cached part's code (an earlier somatize's,
+    or its class's before an edit) is computed again by a model wrapped with
+    ``strict=True`` and kept anew, so a model wrapped later recalls it with no drift."""
+    torch.manual_seed(0)
+    model = nn.Sequential(ReadsClassGiven(), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    _part_frozen(model, "0", whole, store)(x)
+    monkeypatch.setattr(Defaulted, "scale", 3.0)
+    strict = (
+        smt.wrap(model[0], frozen=True, cached=True, store=store, strict=True)
+        if whole
+        else smt.wrap(model, frozen=["0"], cached=["0"], store=store, strict=True)
+    )
+    smt.freeze(strict)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        fresh = strict(x)
+        with torch.no_grad():
+            assert torch.equal(fresh, (model[0] if whole else model)(x))
+        name = next(iter(strict.counts))
+        assert strict.counts[name] == {"drifted": 1, "ran": 1, "kept": 1}  # said recomputed
+        later = _part_frozen(model, "0", whole, store)
+        assert torch.equal(later(x), fresh)
+        assert later.counts[name] == {"recalled": 1}
+
+
+def test_a_wrapped_model_s_strict_is_true_or_false() -> None:
+    """``strict=`` other than a bool is refused as the model is wrapped, not taken as
+    true or false by its truth."""
+    with pytest.raises(smt.WrapError, match="strict= is True or False, got 'yes'"):
+        smt.wrap(nn.Linear(2, 2), frozen=True, cached=True, strict="yes")  # type: ignore[arg-type]
+
+
 @dataclasses.dataclass
 class Fielded:
     scale: float = 1.0
