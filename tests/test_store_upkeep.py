@@ -951,6 +951,34 @@ def test_a_record_kept_after_every_pack_is_answered_reading_no_index(tmp_path: P
     assert len(read) == 2
 
 
+def test_a_store_that_forgot_what_it_held_reads_no_pack_index_head_again(
+    tmp_path: Path,
+) -> None:
+    """What a pack index's first line says (its ``created``) is read once: the name of an
+    index is the digest of its bytes. A store that let go of what it held (after a gc, a
+    verify, or a file moved aside) lists packs/ again, but reads no head it read before."""
+    store = LocalStore(tmp_path / "store")
+    for i in range(3):
+        store.keep_many([(key_of(i), b"row"), (key_of(i + 3), b"row")], "plain")
+    old = time.time_ns() - 3600 * 10**9  # the packs were written an hour ago
+    os.utime(tmp_path / "store" / "packs", ns=(old, old))
+    store.keep(key_of(10), b"the model's answer", "plain")
+    fresh = LocalStore(tmp_path / "store")
+    heads: list[str] = []
+    reading = fresh._pack_created
+
+    def counted(name: str) -> float:
+        heads.append(name)
+        return reading(name)
+
+    fresh._pack_created = counted  # type: ignore[method-assign]
+    assert bytes(fresh.recall(key_of(10))[1]) == b"the model's answer"
+    assert len(heads) == 3
+    fresh._forget_all()
+    assert bytes(fresh.recall(key_of(10))[1]) == b"the model's answer"
+    assert len(heads) == 3
+
+
 def test_names_signed_before_names_covered_themselves_are_reported_not_refused(
     tmp_path: Path,
 ) -> None:

@@ -847,7 +847,11 @@ class LocalStore(LocalShelf):
             super()._forget_all()
             self._verified.clear()
             self._maps.clear()
+            # Each index's `created` is kept: its name is the digest of its bytes, so what
+            # its head said stands, and a store of many packs reads none of them again.
+            created = self._packs_look.created
             self._packs_look = _PacksLook()
+            self._packs_look.created = created
 
 
 def _kind_at(root: str) -> str | None:
