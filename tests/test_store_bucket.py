@@ -469,12 +469,14 @@ def test_a_bucket_opened_asynchronous_is_refused_saying_what_to_do() -> None:
     """A store's calls are made and answered on the calling thread, so a filesystem opened
     for awaiting (``asynchronous=True``, what an asyncio server might pass) would fail at
     its first request with fsspec's "Loop is not running". It is refused as it is opened,
-    saying to drop the option and run the forward off the event loop."""
+    given for the URL's own layer by its protocol too, saying to drop the option and run
+    the forward off the event loop."""
     x = {"at": 0, "take": 4}
     refusal = r"asynchronous=True.*drop it.*asyncio\.to_thread"
     for where, options in (
         (s3_url(), {**s3_options(), "asynchronous": True}),
         (f"simplecache::{s3_url()}", {"s3": {**s3_options(), "asynchronous": True}}),
+        (s3_url(), {"s3": {**s3_options(), "asynchronous": True}}),  # by its protocol
     ):
         with pytest.raises(BadAddress, match=refusal):
             Store.on_bucket(where, **options)

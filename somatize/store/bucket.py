@@ -396,9 +396,11 @@ def _refuse_asynchronous(url: str, storage_options: Mapping[str, Any]) -> None:
     """Refuses options that open a filesystem (or a layer of a chained URL) for awaiting.
     A store calls it from the calling thread and waits for each answer there, which such a
     filesystem cannot give: every request would fail with fsspec's "Loop is not running"."""
+    # fsspec hands each layer the options given by its protocol, the first layer too
+    # (`s3={...}` for `s3://`), and the first the options given bare besides.
     layers = [
         storage_options,
-        *(storage_options.get(layer.split("://", 1)[0]) for layer in url.split("::")[1:]),
+        *(storage_options.get(layer.split("://", 1)[0]) for layer in url.split("::")),
     ]
     if any(isinstance(options, Mapping) and options.get("asynchronous") for options in layers):
         raise BadAddress(
