@@ -195,22 +195,26 @@ class Tier:
         looked in by one mapped pass over the keys still missing, not a Python step a row.
         """
         pieces: list[tuple[list[int] | None, torch.Tensor]] = []
-        rest = list(range(len(keys))) if positions is None else list(positions)
+        every = list(range(len(keys)))
+        rest = every if positions is None else list(positions)
         wanted = list(keys) if positions is None else [keys[p] for p in rest]
+        # Positions asked out of order, or one twice, are never all of keys in order, even
+        # as many as there are keys: their rows go with their positions.
+        in_order = positions is None or rest == every
         for bank in self.banks:
             if not rest:
                 break
             slots = list(map(bank.slots.get, wanted, itertools.repeat(_NO_SLOT, len(wanted))))
             if _NO_SLOT not in slots:  # all the rows still missing are in this bank
-                whole = len(rest) == len(keys)
+                whole = in_order and len(rest) == len(keys)
                 pieces.append((None if whole else rest, bank.gather(slots)))
                 return pieces, []
             held = list(map(_NO_SLOT.__ne__, slots))
             if any(held):
+                # Some of the rows still missing: never all of keys.
                 hit_at = list(itertools.compress(rest, held))
-                whole = len(hit_at) == len(keys)
                 hit_slots = list(itertools.compress(slots, held))
-                pieces.append((None if whole else hit_at, bank.gather(hit_slots)))
+                pieces.append((hit_at, bank.gather(hit_slots)))
                 missed = list(map(operator.not_, held))
                 rest = list(itertools.compress(rest, missed))
                 wanted = list(itertools.compress(wanted, missed))

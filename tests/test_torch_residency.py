@@ -2550,3 +2550,93 @@ def test_rows_of_one_unsigned_value_are_recalled_from_memory_and_from_staging(
     assert torch.equal(again.view(torch.uint8), first[shuffled].view(torch.uint8))
     assert torch.equal(again.double(), expected(module, x[shuffled]).double())
     cached.close()
+
+
+def _tier_of_three_banks() -> tuple[Tier, dict[str, torch.Tensor]]:
+    """A tier whose three banks (rows of three shapes or dtypes) each hold some rows: the
+    tier and each row it holds, by key."""
+    tier = Tier("device", "cpu", budget=1 << 20)
+    held: dict[str, torch.Tensor] = {}
+    for bank, rows in enumerate(
+        [
+            torch.arange(12.0).reshape(3, 4),
+            torch.arange(8.0, dtype=torch.float64).reshape(2, 4) + 100,
+            torch.arange(6.0).reshape(3, 2) - 50,
+        ]
+    ):
+        keys = [f"{bank}.{i}" for i in range(len(rows))]
+        assert tier.admit(keys, rows) == len(keys)
+        held.update(zip(keys, rows, strict=True))
+    assert len(tier.banks) == 3
+    return tier, held
+
+
+def _check_found(
+    tier: Tier,
+    held: dict[str, torch.Tensor],
+    keys: list[str],
+    positions: list[int] | None,
+) -> None:
+    """Checks ``tier.find(keys, positions)`` against each key looked up alone: every
+    position asked comes back once, with its own row, or among the missing, in the order
+    asked."""
+    pieces, missing = tier.find(keys, positions)
+    asked = list(range(len(keys))) if positions is None else positions
+    answered: list[int] = []
+    for at, rows in pieces:
+        if at is None:  # all of keys, in order
+            at = list(range(len(keys)))
+        assert len(at) == len(rows)
+        for position, row in zip(at, rows, strict=True):
+            assert torch.equal(row, held[keys[position]]), (keys, positions, position)
+        answered += at
+    assert missing == [p for p in asked if keys[p] not in held]
+    assert sorted(answered + missing) == sorted(asked)
+
+
+def test_a_tier_of_several_banks_finds_each_row_asked_as_it_holds_it() -> None:
+    """Rows held in several banks, some held nowhere, keys given twice in a batch, and the
+    positions asked a part of the batch in any order: each position comes back with its own
+    row, or among those missing, as each key looked up alone says."""
+    tier, held = _tier_of_three_banks()
+    pool = [*held, "x", "y", "z"]
+    chance = random.Random(6)
+    for _ in range(300):
+        keys = [chance.choice(pool) for _ in range(chance.randint(1, 12))]
+        _check_found(tier, held, keys, None)
+        positions = chance.sample(range(len(keys)), chance.randint(0, len(keys)))
+        _check_found(tier, held, keys, sorted(positions))
+        _check_found(tier, held, keys, positions)
+
+
+def test_a_tier_answers_positions_asked_out_of_order_with_their_own_rows() -> None:
+    """Every position of a batch, asked in another order than the keys', comes back
+    with the positions' rows named, not as the batch in its order."""
+    tier, held = _tier_of_three_banks()
+    for bank in ("0", "2"):  # one bank holding them all, and rows found in one bank
+        keys = [f"{bank}.0", f"{bank}.1", f"{bank}.2"]
+        _check_found(tier, held, keys, [2, 0, 1])
+        _check_found(tier, held, keys, [1, 1, 0])
+    _check_found(tier, held, ["0.0", "1.1", "2.2"], [2, 1, 0])
+
+
+def test_a_writer_recalls_its_staged_rows_among_rows_it_holds_none_of(store: Store) -> None:
+    """Rows staged and not yet written are recalled at each position asked, a key asked
+    twice at both, beside keys staged nowhere; a lookup of keys staged nowhere finds none."""
+    writer = Writer(store, linger=60.0)
+    keys = [f"blake3:{i:064x}" for i in range(4)]
+    other = f"blake3:{99:064x}"
+    assert writer.recall({0: keys[0]}) is None  # nothing staged yet
+    staged = torch.randn(4, 3)
+    writer.submit(keys, staged)
+    found = writer.recall({0: keys[2], 1: other, 2: keys[2], 3: keys[0], 4: other})
+    assert found is not None
+    positions, recalled = found
+    assert sorted(positions) == [0, 2, 3]
+    wanted = {0: staged[2], 2: staged[2], 3: staged[0]}
+    for position, row in zip(positions, recalled, strict=True):
+        assert torch.equal(row, wanted[position])
+    assert writer.recall({0: other, 1: f"blake3:{98:064x}"}) is None
+    writer.close()
+    assert writer.recall({0: keys[2]}) is None  # written: the store has it now
+    assert Store(store.root).have(keys) == set(keys)  # type: ignore[attr-defined]
