@@ -1874,3 +1874,58 @@ def test_a_lookup_of_keys_kept_nowhere_looks_at_answers_once(
     assert store.have([key_of(i) for i in range(10, 20)]) == set()
     assert len(looks) == 1
     assert store.have([key_of(1), key_of(10)]) == {key_of(1)}
+
+
+def test_a_lookup_tells_answers_lost_elsewhere_and_kept_anew_as_a_fresh_store_does(
+    tmp_path: Path,
+) -> None:
+    """A store that looked keys up before finds, at each lookup, what a store opened afresh
+    finds: a pack whose blob went, a record whose blob and file a collection elsewhere took,
+    both kept anew since, and keys asked twice."""
+    root = tmp_path / "store"
+    LocalStore(root).keep(key_of(1), b"one", "plain")
+    LocalStore(root).keep_many([(key_of(2), b"two"), (key_of(3), b"three")], "plain")
+    looking = LocalStore(root)
+    asked = [key_of(1), key_of(2), key_of(1), key_of(3), key_of(4), key_of(3)]
+
+    def agrees(expected: set[str]) -> None:
+        assert LocalStore(root).have(asked) == expected
+        assert looking.have(asked) == expected
+
+    agrees({key_of(1), key_of(2), key_of(3)})
+    blob = LocalStore(root).answer(key_of(1)).value[7:]  # type: ignore[union-attr]
+    (root / "blobs" / blob[:2] / blob).unlink()
+    (root / "answers" / key_of(1)[7:9] / key_of(1)[7:]).unlink()
+    agrees({key_of(2), key_of(3)})
+    pack = LocalStore(root).answer(key_of(2)).value[7:]  # type: ignore[union-attr]
+    (root / "blobs" / pack[:2] / pack).unlink()
+    agrees(set())
+    LocalStore(root).keep(key_of(1), b"one again", "plain")
+    LocalStore(root).keep(key_of(3), b"three again", "plain")
+    agrees({key_of(1), key_of(3)})
+    LocalStore(root).keep_many([(key_of(2), b"two again")], "plain")
+    agrees({key_of(1), key_of(2), key_of(3)})
+
+
+def test_a_record_kept_elsewhere_during_a_lookup_is_found_by_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A record another process keeps while a lookup of a store of packs alone runs (after
+    it looked at ``answers/``) is found by the next lookup, and no key is found twice over
+    or wrongly before it is kept."""
+    root = tmp_path / "store"
+    looking = LocalStore(root)
+    looking.keep_many([(key_of(1), b"packed")], "plain")
+    assert looking.have([key_of(1), key_of(2)]) == {key_of(1)}
+    packed_after_a_look = LocalStore._packed_after_a_look
+    kept: list[str] = []
+
+    def kept_meanwhile(self: LocalStore, keys: list[str]) -> Any:
+        if not kept:
+            kept.append(LocalStore(root).keep(key_of(2), b"kept meanwhile", "plain").key)
+        return packed_after_a_look(self, keys)
+
+    monkeypatch.setattr(LocalStore, "_packed_after_a_look", kept_meanwhile)
+    assert looking.have([key_of(1), key_of(2), key_of(3)]) <= {key_of(1), key_of(2)}
+    assert kept == [key_of(2)]
+    assert looking.have([key_of(1), key_of(2), key_of(3)]) == {key_of(1), key_of(2)}
