@@ -1655,6 +1655,19 @@ def test_a_config_class_changed_after_answers_were_kept_is_seen_as_drifted(
     assert wrapped.counts[name]["drifted"] == 1
 
 
+def _drifted_part(
+    store: Store, monkeypatch: pytest.MonkeyPatch, whole: bool
+) -> tuple[nn.Sequential, torch.Tensor]:
+    """A model whose part ``0`` kept its answer to the input returned in ``store`` (wrapped
+    ``whole``, or the model wrapped naming it), then had its class's code changed."""
+    torch.manual_seed(0)
+    model = nn.Sequential(ReadsClassGiven(), nn.Linear(4, 2))
+    x = torch.randn(3, 4)
+    _part_frozen(model, "0", whole, store)(x)
+    monkeypatch.setattr(Defaulted, "scale", 3.0)
+    return model, x
+
+
 @pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
 def test_a_model_wrapped_strict_computes_a_drifted_answer_again(
     store: Store, monkeypatch: pytest.MonkeyPatch, whole: bool
@@ -1662,11 +1675,7 @@ def test_a_model_wrapped_strict_computes_a_drifted_answer_again(
     """An answer kept by another version of a cached part's code (an earlier somatize's,
     or its class's before an edit) is computed again by a model wrapped with
     ``strict=True`` and kept anew, so a model wrapped later recalls it with no drift."""
-    torch.manual_seed(0)
-    model = nn.Sequential(ReadsClassGiven(), nn.Linear(4, 2))
-    x = torch.randn(3, 4)
-    _part_frozen(model, "0", whole, store)(x)
-    monkeypatch.setattr(Defaulted, "scale", 3.0)
+    model, x = _drifted_part(store, monkeypatch, whole)
     strict = (
         smt.wrap(model[0], frozen=True, cached=True, store=store, strict=True)
         if whole
@@ -1683,6 +1692,29 @@ def test_a_model_wrapped_strict_computes_a_drifted_answer_again(
         later = _part_frozen(model, "0", whole, store)
         assert torch.equal(later(x), fresh)
         assert later.counts[name] == {"recalled": 1}
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle"])
+@pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
+def test_a_copy_of_a_model_wrapped_strict_is_strict(
+    store: Store, monkeypatch: pytest.MonkeyPatch, whole: bool, how: str
+) -> None:
+    """A copy of a model wrapped with ``strict=True`` (deep-copied, or pickled as a Ray task
+    or a spawned worker takes it) computes a drifted answer again too."""
+    model, x = _drifted_part(store, monkeypatch, whole)
+    strict = (
+        smt.wrap(model[0], frozen=True, cached=True, store=store, strict=True)
+        if whole
+        else smt.wrap(model, frozen=["0"], cached=["0"], store=store, strict=True)
+    )
+    copied = copy.deepcopy(strict) if how == "deepcopy" else pickle.loads(pickle.dumps(strict))
+    smt.freeze(copied)
+    assert copied.strict is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Drifted)
+        copied(x)
+    name = next(iter(copied.counts))
+    assert copied.counts[name] == {"drifted": 1, "ran": 1, "kept": 1}
 
 
 def test_a_wrapped_model_s_strict_is_true_or_false() -> None:
