@@ -310,7 +310,9 @@ class _Run:
             f"`{node}` was recalled from an answer kept by another version of "
             f"{_whose_code(self.graph, node, fact['changed'])} ({was}, now {now}); the key "
             "says the question is the same, but if the change altered what it computes, run "
-            "with strict=True to recompute, or add a salt with `.cached(salt=...)`",
+            "with strict=True to recompute (`g.forward(..., strict=True)`; a wrapped model: "
+            "`somatize.torch.wrap(model, ..., strict=True)`), or add a salt "
+            "(`.cached(salt=...)`; a wrapped model: `cached={name: salt}`)",
             Drifted,
             stacklevel=stacklevel + 1,
         )

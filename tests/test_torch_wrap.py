@@ -1694,6 +1694,21 @@ def test_a_model_wrapped_strict_computes_a_drifted_answer_again(
         assert later.counts[name] == {"recalled": 1}
 
 
+@pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
+def test_a_wrapped_model_s_drift_warning_says_how_a_wrapped_model_is_made_strict(
+    store: Store, monkeypatch: pytest.MonkeyPatch, whole: bool
+) -> None:
+    """The warning of a drifted answer a wrapped model recalls names the way a wrapped
+    model computes it again, or salts it, not only a graph's."""
+    model, x = _drifted_part(store, monkeypatch, whole)
+    plain = _part_frozen(model, "0", whole, store)
+    with pytest.warns(Drifted) as caught:
+        plain(x)
+    said = str(caught[0].message)
+    assert "somatize.torch.wrap(model, ..., strict=True)" in said
+    assert "cached={name: salt}" in said
+
+
 @pytest.mark.parametrize("how", ["deepcopy", "pickle"])
 @pytest.mark.parametrize("whole", [False, True], ids=["declared", "whole"])
 def test_a_copy_of_a_model_wrapped_strict_is_strict(
