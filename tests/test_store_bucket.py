@@ -1036,6 +1036,65 @@ def test_a_copy_of_a_bucket_that_refused_a_write_finds_out_for_itself(
     assert store.writable() is False
 
 
+CREDENTIALS = {"secret": "a-secret-no-file-holds", "token": "a-token-no-file-holds"}
+"""Credentials the loopback server takes as any others, spelled so a leak is found."""
+
+
+def assert_reaches(store: Store) -> None:
+    """Asserts that ``store`` writes to its bucket and reads back what it wrote."""
+    data = uuid.uuid4().bytes
+    assert bytes(store.get(store.put(data))) == data
+
+
+def _without_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(variable, raising=False)
+
+
+def test_a_bucket_store_pickled_or_dumped_carries_none_of_its_credentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bucket store pickled (``torch.save`` of a model holding a row cache of it, a
+    Lightning checkpoint of hyperparameters holding it) or dumped as YAML (Lightning's
+    ``hparams.yaml``) holds none of the credentials it was opened with; loaded, it reaches
+    the bucket with the credentials of the process that loads it."""
+    _without_aws_environment(monkeypatch)
+    store = Store.on_bucket(s3_url(), **{**s3_options(), **CREDENTIALS})
+    assert_reaches(store)  # its filesystem opened, as in a model that ran
+    import yaml
+
+    pickled = pickle.dumps(store)
+    dumped = yaml.dump({"store": store})
+    for secret in CREDENTIALS.values():
+        assert secret.encode() not in pickled
+        assert secret not in dumped
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    assert_reaches(pickle.loads(pickled))
+
+
+def test_a_bucket_store_copied_or_sent_to_a_child_process_keeps_its_credentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A copy made in the process (``copy.deepcopy``: an EMA of a model) and one
+    ``multiprocessing`` sends a child it starts (a spawned DataLoader worker) reach the
+    bucket with the credentials the store was opened with, and so does its address."""
+    import copy
+    from multiprocessing.reduction import ForkingPickler
+
+    _without_aws_environment(monkeypatch)
+    store = Store.on_bucket(s3_url(), **{**s3_options(), **CREDENTIALS})
+    assert_reaches(store)
+    address = store.address()
+    assert address is not None and address["options"]["secret"] == CREDENTIALS["secret"]
+    for copied in (
+        copy.deepcopy(store),
+        pickle.loads(ForkingPickler.dumps(store)),
+        Store.from_address(address),
+    ):
+        assert_reaches(copied)
+
+
 @pytest.mark.parametrize("collector", ["cache", "bucket"])
 @pytest.mark.parametrize("when", ["kept", "packed"])
 def test_a_gc_of_the_cache_leaves_the_blob_a_keep_is_copying_there(

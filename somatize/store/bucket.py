@@ -56,6 +56,7 @@ from somatize import canonical
 from somatize._numbers import finite
 from somatize.store._bucket_requests import _ABSENT, BucketNotes, _open_file, _under_copies
 from somatize.store._bucket_upkeep import BucketShelf, version_of
+from somatize.store._credentials import guarded, plain
 from somatize.store._local_files import open_file
 from somatize.store._packed import Claims, digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
@@ -589,8 +590,10 @@ class BucketStore(BucketShelf):
             url = _anchored(url)
         _refuse_asynchronous(url, storage_options)
         self.url = url
+        storage_options = guarded(storage_options)
         self.storage_options = storage_options
-        """What the filesystem was opened with (to open the same store again)."""
+        """What the filesystem was opened with (to open the same store again), its
+        credentials held so that a plain pickle carries none (see ``_credentials``)."""
         try:
             fs, root = url_to_fs(_for_fsspec(url), **_opened_with(url, storage_options))
             self.fs = self._without_own_retries(fs)
@@ -731,7 +734,7 @@ class BucketStore(BucketShelf):
         ``memory://``, which lives in this process alone."""
         if "memory" in self._protocols:
             return None
-        options = dict(self.storage_options)
+        options = plain(self.storage_options)
         if not canonical.is_canonical(options):
             return None
         return {

@@ -1,0 +1,96 @@
+"""A bucket's credentials, held so that no file a store is written into carries them.
+
+A bucket store is pickled with what holds it: ``torch.save`` of a model holding a row
+cache of it, a Lightning checkpoint of the hyperparameters a module was given, a graph
+pickled to disk, Lightning's ``hparams.yaml``. Those files are shared, uploaded and kept
+for years, so a secret key in them is a leak. Each credential the store is opened with is
+held as a :class:`Credential`, the text itself to the client, which a plain pickle (or a
+YAML dump) writes as None: loaded, the store reaches the bucket with the credentials of
+the process that loads it (its environment, its role), as a signed store signs with the
+key of its own environment.
+
+A copy in this process (``copy.deepcopy``: an EMA of a model) keeps them, and so does what
+``multiprocessing`` sends a process it starts (a spawned DataLoader worker, a rank of
+``ddp_spawn``), through its pipe to that child, as the store handed to it was opened here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+CREDENTIALS = frozenset(
+    {
+        # s3fs, and the same for the botocore client it makes
+        "key",
+        "secret",
+        "token",
+        "username",
+        "password",
+        "aws_access_key_id",
+        "aws_secret_access_key",
+        "aws_session_token",
+        # adlfs (Azure)
+        "account_key",
+        "sas_token",
+        "connection_string",
+        "client_secret",
+    }
+)
+"""The options, at the top or in ``client_kwargs``, whose text is a credential."""
+
+
+def _absent() -> None:
+    """What a credential is loaded as from a plain pickle: none given."""
+    return None
+
+
+class Credential(str):
+    """A credential's text, which a plain pickle writes as None (see the module's doc)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _absent, ()
+
+    def __copy__(self) -> Credential:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, object]) -> Credential:
+        return self
+
+
+def _with_text(credential: Credential) -> tuple[type[Credential], tuple[str]]:
+    """How a credential travels to a process ``multiprocessing`` starts from this one."""
+    return Credential, (str(credential),)
+
+
+ForkingPickler.register(Credential, _with_text)
+
+
+def guarded(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with each credential's text held as a :class:`Credential`."""
+    held = {name: _guard(name, value) for name, value in options.items()}
+    client = held.get("client_kwargs")
+    if isinstance(client, Mapping):
+        held["client_kwargs"] = {name: _guard(name, value) for name, value in client.items()}
+    return held
+
+
+def plain(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` with each credential as plain text again: what an address carries to a
+    worker that opens the store from it (said in its docs), as canonical values."""
+    shown = {name: _unguard(value) for name, value in options.items()}
+    client = shown.get("client_kwargs")
+    if isinstance(client, Mapping):
+        shown["client_kwargs"] = {name: _unguard(value) for name, value in client.items()}
+    return shown
+
+
+def _guard(name: str, value: Any) -> Any:
+    return Credential(value) if name in CREDENTIALS and type(value) is str else value
+
+
+def _unguard(value: Any) -> Any:
+    return str(value) if isinstance(value, Credential) else value
