@@ -1073,6 +1073,28 @@ def test_a_bucket_store_pickled_or_dumped_carries_none_of_its_credentials(
     assert_reaches(pickle.loads(pickled))
 
 
+@pytest.mark.parametrize("layer", ["simplecache", "filecache"])
+def test_a_store_at_a_chained_url_pickled_carries_none_of_its_credentials(
+    layer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store at a chained URL (``simplecache::s3://…``), its credentials given under the
+    bucket's protocol (``s3={"secret": …}``), pickled holds none of them either; loaded, it
+    reaches the bucket with the credentials of the process that loads it. Its address
+    holds them still."""
+    _without_aws_environment(monkeypatch)
+    store = Store.on_bucket(f"{layer}::{s3_url()}", s3={**s3_options(), **CREDENTIALS})
+    assert_reaches(store)
+    address = store.address()
+    assert address is not None
+    assert_reaches(Store.from_address(address))  # which holds them, for a worker
+    pickled = pickle.dumps(store)
+    for secret in CREDENTIALS.values():
+        assert secret.encode() not in pickled
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    assert_reaches(pickle.loads(pickled))
+
+
 def test_a_bucket_store_copied_or_sent_to_a_child_process_keeps_its_credentials(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -16,7 +16,7 @@ A copy in this process (``copy.deepcopy``: an EMA of a model) keeps them, and so
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
@@ -38,7 +38,8 @@ CREDENTIALS = frozenset(
         "client_secret",
     }
 )
-"""The options, at the top or in ``client_kwargs``, whose text is a credential."""
+"""The options, at the top, in ``client_kwargs`` or under a layer's protocol, whose text is
+a credential."""
 
 
 def _absent() -> None:
@@ -69,23 +70,39 @@ def _with_text(credential: Credential) -> tuple[type[Credential], tuple[str]]:
 ForkingPickler.register(Credential, _with_text)
 
 
-def guarded(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with each credential's text held as a :class:`Credential`."""
-    held = {name: _guard(name, value) for name, value in options.items()}
-    client = held.get("client_kwargs")
-    if isinstance(client, Mapping):
-        held["client_kwargs"] = {name: _guard(name, value) for name, value in client.items()}
-    return held
+def guarded(options: Mapping[str, Any], protocols: Iterable[str] = ()) -> dict[str, Any]:
+    """``options`` with each credential's text held as a :class:`Credential`: at the top, in
+    ``client_kwargs``, and in the options under each of ``protocols`` (the layers of a
+    chained URL: ``s3={"secret": …}`` for ``simplecache::s3://…``), which fsspec hands to
+    that layer's filesystem."""
+    return _at_each_level(options, protocols, _guard)
 
 
-def plain(options: Mapping[str, Any]) -> dict[str, Any]:
-    """``options`` with each credential as plain text again: what an address carries to a
-    worker that opens the store from it (said in its docs), as canonical values."""
-    shown = {name: _unguard(value) for name, value in options.items()}
-    client = shown.get("client_kwargs")
+def plain(options: Mapping[str, Any], protocols: Iterable[str] = ()) -> dict[str, Any]:
+    """``options`` with each credential as plain text again, where :func:`guarded` held it:
+    what an address carries to a worker that opens the store from it (said in its docs), as
+    canonical values."""
+    return _at_each_level(options, protocols, lambda _name, value: _unguard(value))
+
+
+def _at_each_level(
+    options: Mapping[str, Any], protocols: Iterable[str], change: Callable[[str, Any], Any]
+) -> dict[str, Any]:
+    """``options`` with ``change`` made to each value where a credential may be given."""
+    changed = _at_one_level(options, change)
+    for protocol in protocols:
+        inner = changed.get(protocol)
+        if isinstance(inner, Mapping):
+            changed[protocol] = _at_one_level(inner, change)
+    return changed
+
+
+def _at_one_level(options: Mapping[str, Any], change: Callable[[str, Any], Any]) -> dict[str, Any]:
+    changed = {name: change(name, value) for name, value in options.items()}
+    client = changed.get("client_kwargs")
     if isinstance(client, Mapping):
-        shown["client_kwargs"] = {name: _unguard(value) for name, value in client.items()}
-    return shown
+        changed["client_kwargs"] = {name: change(name, value) for name, value in client.items()}
+    return changed
 
 
 def _guard(name: str, value: Any) -> Any:

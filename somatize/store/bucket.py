@@ -155,8 +155,7 @@ def _opened_with(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]
     to its gc. Of a chained URL (``simplecache::s3://…``) each filesystem is opened so,
     the inner ones with the options fsspec hands them (those under their protocol)."""
     options = {**storage_options, "use_listings_cache": False}
-    for layer in url.split("::")[1:]:
-        protocol = layer.split("://", 1)[0]
+    for protocol in _protocols_of(url)[1:]:
         inner = options.get(protocol)
         options[protocol] = {
             **(inner if isinstance(inner, Mapping) else {}),
@@ -171,6 +170,12 @@ def _opened_with(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]
     if not chosen and (config is None or isinstance(config, Mapping)):
         options["config_kwargs"] = {**(config or {}), "retries": {"total_max_attempts": 1}}
     return options
+
+
+def _protocols_of(url: str) -> list[str]:
+    """The protocol of each layer of ``url``, outermost first (``simplecache::s3://…``:
+    ``simplecache``, ``s3``): the options under one's name are that layer's."""
+    return [layer.split("://", 1)[0] for layer in url.split("::")]
 
 
 def _server_of(url: str, storage_options: Mapping[str, Any]) -> str | None:
@@ -590,7 +595,7 @@ class BucketStore(BucketShelf):
             url = _anchored(url)
         _refuse_asynchronous(url, storage_options)
         self.url = url
-        storage_options = guarded(storage_options)
+        storage_options = guarded(storage_options, _protocols_of(url))
         self.storage_options = storage_options
         """What the filesystem was opened with (to open the same store again), its
         credentials held so that a plain pickle carries none (see ``_credentials``)."""
@@ -734,7 +739,7 @@ class BucketStore(BucketShelf):
         ``memory://``, which lives in this process alone."""
         if "memory" in self._protocols:
             return None
-        options = plain(self.storage_options)
+        options = plain(self.storage_options, _protocols_of(self.url))
         if not canonical.is_canonical(options):
             return None
         return {
