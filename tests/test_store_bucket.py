@@ -1601,8 +1601,11 @@ def test_an_endpoint_that_is_no_url_is_refused_at_open(options: dict[str, Any]) 
 @pytest.mark.parametrize(
     ("options", "said"),
     [
-        ({"client_kwargs": "http://127.0.0.1:9000"}, "client_kwargs is 'http://127.0.0.1:9000'"),
-        ({"config_kwargs": "s3v4"}, "config_kwargs is 's3v4'"),
+        ({"client_kwargs": "http://127.0.0.1:9000"}, "client_kwargs is a `str` of 21 characters"),
+        ({"config_kwargs": "s3v4"}, "config_kwargs is a `str` of 4 characters"),
+        ({"s3_additional_kwargs": b"SSECustomerKey"}, "s3_additional_kwargs is a `bytes` of 14"),
+        ({"client_kwargs": ["aws_secret_access_key"]}, "client_kwargs is a `list` of 1 item:"),
+        ({"config_kwargs": 5}, "config_kwargs is 5, a `int`: it is a dict of"),
         ({"key": 5}, "key is a `int`: the S3 client takes it as text"),
         ({"secret": 5}, "secret is a `int`"),
         ({"token": b"t"}, "token is a `bytes`"),
@@ -1614,11 +1617,15 @@ def test_an_s3_option_of_another_kind_than_it_takes_is_refused_at_open(
 ) -> None:
     """An S3 option given as another kind of value than the client takes (client_kwargs as
     a str, not a dict; a key as an int, not text) is refused when the store is opened,
-    naming the option and what it takes (never a credential's value), not by a bare
-    AttributeError or TypeError from the client at the first request."""
+    naming the option and what it takes (never a credential's value, nor the text or
+    items of a dict given otherwise, which may hold one), not by a bare AttributeError or
+    TypeError from the client at the first request."""
     given = {**s3_options(), **options}
-    with pytest.raises(BadAddress, match=said):
+    with pytest.raises(BadAddress, match=said) as refused:
         Store.on_bucket(s3_url(), **given).put(b"x")
+    for value in options.values():
+        if isinstance(value, (str, bytes, list)):
+            assert repr(value) not in str(refused.value)
 
 
 @pytest.mark.parametrize(

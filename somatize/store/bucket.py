@@ -47,7 +47,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from pathlib import Path
 from typing import IO, Any, cast
 from urllib.parse import unquote, urlsplit
@@ -248,9 +248,7 @@ def _check_s3_kinds(url: str, storage_options: Mapping[str, Any]) -> None:
     for option, holds in _S3_MAPPINGS.items():
         value = storage_options.get(option)
         if value is not None and not isinstance(value, Mapping):
-            raise BadAddress(
-                f"{option} is {value!r}, a `{type(value).__name__}`: it is a dict of {holds}"
-            )
+            raise BadAddress(f"{option} is {_described(value)}: it is a dict of {holds}")
     client = storage_options.get("client_kwargs") or {}
     given = [(option, option, storage_options.get(option)) for option in _S3_TEXTS]
     given += [
@@ -263,6 +261,20 @@ def _check_s3_kinds(url: str, storage_options: Mapping[str, Any]) -> None:
                 f"{said} is {shown}a `{type(value).__name__}`: the S3 client takes it as "
                 "text; pass it as a str"
             )
+
+
+def _described(value: object) -> str:
+    """What an error says ``value`` is: a number as it is, anything else by its kind and
+    size alone, as its text or items may hold a credential (a dict of options given as
+    text, ``"{'secret': …}"``)."""
+    kind = f"a `{type(value).__name__}`"
+    if isinstance(value, (int, float)):
+        return f"{value!r}, {kind}"
+    if not isinstance(value, Sized):
+        return kind
+    size = len(value)
+    unit = "character" if isinstance(value, str) else "byte" if isinstance(value, bytes) else "item"
+    return f"{kind} of {size} {unit}{'' if size == 1 else 's'}"
 
 
 def _check_ca_bundle(url: str, storage_options: Mapping[str, Any]) -> None:
