@@ -46,7 +46,7 @@ from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import Deferred
 from somatize_torch.freeze import is_held
 from somatize_torch.rows import CachedRows, RowsError, cache_rows
-from tests.conftest_s3 import s3_options
+from tests.conftest_s3 import s3_options, s3_url
 from tests.lightning_models import SAMPLES, Encoder, Probe, data, loader, trainer
 
 pytestmark = pytest.mark.filterwarnings(
@@ -3459,3 +3459,43 @@ def test_an_encoder_with_a_part_cached_per_batch_recalls_its_rows(tmp_path: Path
         _WrappedEncoderProbe(tmp_path / "parts"), loader()
     )
     assert epochs(callback, "train")[1].rows.recalled == SAMPLES
+
+
+class GivenAStore(Probe):
+    """A probe given the store its encoder's rows are kept in, which Lightning saves with
+    its other hyperparameters (in each checkpoint, and in the logger's hparams.yaml)."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.store = store
+
+
+def test_a_checkpoint_of_a_module_given_a_bucket_store_holds_none_of_its_credentials(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module given a bucket store that saves its hyperparameters writes none of the
+    store's credentials into a checkpoint or hparams.yaml; the store loaded from the
+    checkpoint reaches the bucket with the credentials of the process that loads it."""
+    for variable in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(variable, raising=False)
+    credentials = {"secret": "a-secret-no-checkpoint-holds", "token": "a-token-none-holds"}
+    store = Store.on_bucket(s3_url(), **{**s3_options(), **credentials})
+    run = trainer(
+        tmp_path,
+        1,
+        callbacks=[CacheFrozen(store, ["encoder"]), ModelCheckpoint(dirpath=tmp_path / "ckpt")],
+        enable_checkpointing=True,
+        logger=CSVLogger(tmp_path / "logs"),
+    )
+    run.fit(GivenAStore(store), loader())
+    written = sorted(tmp_path.rglob("*.ckpt")) + sorted(tmp_path.rglob("hparams.yaml"))
+    assert [path.suffix for path in written] == [".ckpt", ".yaml"]
+    assert "store" in written[1].read_text()  # saved, without what it was opened with
+    for path in written:
+        for secret in credentials.values():
+            assert secret.encode() not in path.read_bytes()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    loaded = torch.load(written[0], weights_only=False)["hyper_parameters"]["store"]
+    assert bytes(loaded.get(loaded.put(b"read back"))) == b"read back"
