@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from somatize_torch import cache_rows
+from somatize_torch.rows import CachedRows
 from somatize_torch.writer import Writer
 
 
@@ -25,3 +26,14 @@ class Encoder:
 def linger_in_a_task(root: str) -> float:
     """How long the store's writer gathers rows, for a cache made in this task."""
     return Encoder(root).encode(torch.randn(4, 8))[1]
+
+
+class Holder:
+    """Stands for an actor class given a cache made in the driver, which Ray pickles to it."""
+
+    def __init__(self, cached: CachedRows) -> None:
+        self.cached = cached
+
+    def encode(self, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """The batch's features, and how many of its rows came from the store."""
+        return self.cached(x), self.cached.stats.from_store
