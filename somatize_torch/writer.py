@@ -511,6 +511,14 @@ PACK_BYTES = 16 << 20
 LINGER = 1.0
 """Seconds a store's writer thread waits for more rows before it keeps what it has."""
 
+WORKER_LINGER = 0.2
+"""Seconds, at most, a multiprocessing child's writer thread (a DataLoader worker's) waits
+for more rows. A child that ends on its own writes what it gathered as it ends (a
+finalizer with an exit priority), so a Dataset caching a sample at a time in
+``__getitem__`` writes a pack of many rows, not a file a sample. A worker terminated
+(``SIGTERM``: persistent workers at their parent's exit, ``with Pool()``) runs nothing,
+and loses at most this much of its rows, computed again next time."""
+
 _BACKLOGS: dict[tuple[str, object], weakref.ref[_Backlog]] = {}
 """The backlog of each store in this process: by the store's address where it has one (the
 same store opened twice shares it), else by the store object (its id, while it lives)."""
@@ -642,11 +650,17 @@ class _Backlog:
 
     @property
     def gathering(self) -> float:
-        """Seconds rows are gathered before they are written: ``linger``, but none in a
-        worker process (:func:`_in_a_worker`), so that little is left unwritten when it
-        goes. Asked as the thread runs: a child started by spawn or a forkserver makes
-        the caches it is handed before it knows it has a parent."""
-        return 0.0 if _in_a_worker() else self.linger
+        """Seconds rows are gathered before they are written: ``linger``; in a
+        multiprocessing child (a DataLoader worker) at most :data:`WORKER_LINGER`, and
+        none in a Ray worker (:func:`_in_a_ray_worker`), so that little is left unwritten
+        when it is ended with no chance to flush. Asked as the thread runs: a child started
+        by spawn or a forkserver makes the caches it is handed before it knows it has a
+        parent."""
+        if _in_a_ray_worker():
+            return 0.0
+        if multiprocessing.parent_process() is not None:
+            return min(self.linger, WORKER_LINGER)
+        return self.linger
 
     def start(self) -> None:
         """Starts the thread if none runs; called with ``life`` held."""
@@ -1050,15 +1064,11 @@ def _run(backlog: _Backlog) -> None:
             stop = backlog.unused()
 
 
-def _in_a_worker() -> bool:
-    """Whether this process is a worker that may end with no chance to flush: a
-    multiprocessing child (a persistent DataLoader worker is terminated when its parent
-    exits, and runs no finalizer), or a Ray worker — an actor is ended by ``ray.kill``,
-    and a job's driver goes on, reading the store, while the actors it let go of still
-    exit. Ray is looked for only where it is imported already: a Ray worker imports it
-    before it runs anything."""
-    if multiprocessing.parent_process() is not None:
-        return True
+def _in_a_ray_worker() -> bool:
+    """Whether this process is a Ray worker, which writes rows as they come: an actor is
+    ended by ``ray.kill``, and a job's driver goes on, reading the store, while the actors
+    it let go of still exit. Ray is looked for only where it is imported already: a Ray
+    worker imports it before it runs anything."""
     ray = sys.modules.get("ray")
     # Only a process connected to Ray is asked: `get_runtime_context` starts a cluster in
     # one that is not. Ray still being imported has neither name yet.

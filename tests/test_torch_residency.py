@@ -498,23 +498,23 @@ def _linger_in_child(cached: Any) -> float:
     return linger
 
 
-def test_a_worker_process_writes_rows_as_they_come(store: Store) -> None:
+def test_a_worker_process_gathers_rows_for_a_moment_only(store: Store) -> None:
     """A worker process may be ended by its parent's exit with no chance to flush (a
-    persistent DataLoader worker is terminated): there rows are not gathered for a while
-    before they are written, as they are in the main process."""
+    persistent DataLoader worker is terminated): there rows are gathered for a fifth of a
+    second at most before they are written, not the second the main process waits."""
     cached = cache_rows(mlp(), store)
     cached(rows(4))
-    assert cached._writer is not None and cached._writer.linger > 0
-    assert in_forked_child(_linger_in_child, cached) == 0.0
+    assert cached._writer is not None and cached._writer.linger > writer_module.WORKER_LINGER
+    assert in_forked_child(_linger_in_child, cached) == writer_module.WORKER_LINGER
     cached.close()
 
 
-def test_a_spawned_worker_process_writes_rows_as_they_come(store: Store) -> None:
+def test_a_spawned_worker_process_gathers_rows_for_a_moment_only(store: Store) -> None:
     """So does a worker started by spawn, whose cache is made as the child unpickles what
     it is handed, before it knows it has a parent: there rows were gathered for a second,
     and a quarter of what a persistent worker computed was lost at its parent's exit."""
     cached = cache_rows(mlp(), store)
-    assert in_child("spawn", _linger_in_child, cached) == 0.0
+    assert in_child("spawn", _linger_in_child, cached) == writer_module.WORKER_LINGER
     cached.close()
 
 
@@ -545,6 +545,55 @@ def test_rows_computed_in_dataloader_workers_are_published(store: Store) -> None
     keys = cached.row_keys(x)
     assert Store(store.root).have(keys) == set(keys)
     cached.close()
+
+
+def _answered_in_workers(store: Store, x: torch.Tensor) -> list[str]:
+    """Answers ``x`` a sample at a time in two forked, persistent DataLoader workers, as a
+    Dataset caching in ``__getitem__`` does; the loader is deleted, its workers ended, on
+    return."""
+    cached = cache_rows(mlp(), store)
+    loader = DataLoader(
+        _Answers(cached, x),
+        batch_size=8,
+        num_workers=2,
+        multiprocessing_context="fork",
+        persistent_workers=True,
+    )
+    assert torch.allclose(torch.cat(list(loader)), truth(x), atol=1e-6)
+    del loader
+    keys: list[str] = cached.row_keys(x)
+    cached.close()
+    return keys
+
+
+def test_rows_cached_per_sample_in_workers_are_packed_many_per_blob(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker gathers the rows it computes a sample at a time before it writes them, and
+    writes what it gathered as it ends, a persistent one when its loader is deleted: each
+    worker's 32 rows land in one pack (its window made longer than the epoch here), not a
+    file or two a sample, and a fresh process recalls every row once the loader is gone."""
+    monkeypatch.setattr(writer_module, "WORKER_LINGER", 600.0)
+    x = rows(64, seed=11)
+    keys = _answered_in_workers(store, x)
+    root = Path(store.root)
+    assert len(list((root / "packs").iterdir())) == 2
+    assert not list(root.glob("answers/*/*")), "a row was written alone"
+    code = SHARED + textwrap.dedent(
+        f"""
+        from somatize import Store
+        from somatize_torch.rows import cache_rows
+        assert Store({str(root)!r}).have({keys!r}) == set({keys!r})
+        cached = cache_rows(mlp(), Store({str(root)!r}))
+        cached(rows(64, seed=11))
+        print("recalled", cached.stats.from_store, cached.stats.computed)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["recalled", "64", "0"]
 
 
 def _writer_threads() -> set[threading.Thread]:
