@@ -366,8 +366,9 @@ class Writer:
 
     @property
     def linger(self) -> float:
-        """Seconds the thread waits for more rows before it keeps what it has: none in a
-        worker process (:attr:`_Backlog.gathering`). The store's, for all its writers."""
+        """Seconds the thread waits for more rows before it keeps what it has: at most
+        :data:`WORKER_LINGER` in a multiprocessing child, none in a Ray worker
+        (:attr:`_Backlog.gathering`). The store's, for all its writers."""
         return self._backlog.gathering
 
     @linger.setter
