@@ -1051,6 +1051,22 @@ def _without_aws_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(variable, raising=False)
 
 
+def options_of_its_own() -> dict[str, Any]:
+    """Options reaching the loopback server with :data:`CREDENTIALS`, which no other store
+    or filesystem of this process is opened with, so that fsspec hands it a filesystem of
+    its own (one opened by another test holds the credentials it found then)."""
+    agent = {"user_agent_extra": f"somatize-tests/{uuid.uuid4().hex}"}
+    return {**s3_options(), **CREDENTIALS, "config_kwargs": agent}
+
+
+def assert_reaches_once_loaded_here(pickled: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asserts that the store ``pickled`` reaches its bucket, loaded in a process holding
+    credentials of its own (any: the loopback server takes them all)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    assert_reaches(pickle.loads(pickled))
+
+
 def test_a_bucket_store_pickled_or_dumped_carries_none_of_its_credentials(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -1068,9 +1084,7 @@ def test_a_bucket_store_pickled_or_dumped_carries_none_of_its_credentials(
     for secret in CREDENTIALS.values():
         assert secret.encode() not in pickled
         assert secret not in dumped
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
-    assert_reaches(pickle.loads(pickled))
+    assert_reaches_once_loaded_here(pickled, monkeypatch)
 
 
 @pytest.mark.parametrize("layer", ["simplecache", "filecache"])
@@ -1090,9 +1104,7 @@ def test_a_store_at_a_chained_url_pickled_carries_none_of_its_credentials(
     pickled = pickle.dumps(store)
     for secret in CREDENTIALS.values():
         assert secret.encode() not in pickled
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
-    assert_reaches(pickle.loads(pickled))
+    assert_reaches_once_loaded_here(pickled, monkeypatch)
 
 
 def test_a_bucket_store_copied_or_sent_to_a_child_process_keeps_its_credentials(
@@ -1115,6 +1127,22 @@ def test_a_bucket_store_copied_or_sent_to_a_child_process_keeps_its_credentials(
         Store.from_address(address),
     ):
         assert_reaches(copied)
+
+
+def test_a_bucket_store_loaded_where_no_credentials_are_says_a_pickle_carries_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A bucket store loaded from a pickle (``torch.load`` of a model holding it, a Ray
+    worker) in a process with no credentials of its own says, at its first request, that
+    a pickled store carries none of those it was opened with, and where to give them."""
+    _without_aws_environment(monkeypatch)
+    store = Store.on_bucket(s3_url(), **options_of_its_own())
+    digest = store.put(b"kept")
+    loaded = pickle.loads(pickle.dumps(store))
+    with pytest.raises(StoreError, match="found no credentials") as raised:
+        loaded.get(digest)
+    said = str(raised.value)
+    assert "pickled" in said and "carries none" in said and "AWS_ACCESS_KEY_ID" in said
 
 
 @pytest.mark.parametrize("collector", ["cache", "bucket"])

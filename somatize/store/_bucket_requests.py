@@ -439,7 +439,9 @@ class BucketRequests(PackedHome):
             f"{what} on {self.url} found no credentials ({type(why).__name__}: {why}): pass "
             "them to `Store.on_bucket` as storage options (`key=`, `secret=` for s3) or set "
             "them where the client looks, the only place the `somatize` command reads them "
-            "(for s3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE)"
+            "(for s3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE). A store "
+            "pickled (a model saved with it, one sent to a Ray worker) carries none of the "
+            "credentials it was opened with: loaded, it reads those of its process"
         )
 
     def _misaddressed(self, what: str, why: BaseException) -> BadAddress:
