@@ -1145,6 +1145,29 @@ def test_a_bucket_store_loaded_where_no_credentials_are_says_a_pickle_carries_no
     assert "pickled" in said and "carries none" in said and "AWS_ACCESS_KEY_ID" in said
 
 
+def test_a_bucket_store_pickled_carries_no_filesystem_holding_its_credentials(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """fsspec hands out one filesystem for the same options in a process: one the process
+    made before the store, with the credentials as plain text, is the store's too. The
+    store pickled carries no filesystem (a copy opens its own from the options), so not
+    that one's credentials either."""
+    import s3fs
+
+    from somatize.store.bucket import _opened_with
+
+    _without_aws_environment(monkeypatch)
+    url, options = s3_url(), options_of_its_own()
+    made_before = s3fs.S3FileSystem(**_opened_with(url, options))
+    store = Store.on_bucket(url, **options)
+    assert_reaches(store)
+    assert store.fs is made_before  # what makes the leak possible at all
+    pickled = pickle.dumps(store)
+    for secret in CREDENTIALS.values():
+        assert secret.encode() not in pickled
+    assert_reaches_once_loaded_here(pickled, monkeypatch)
+
+
 @pytest.mark.parametrize("collector", ["cache", "bucket"])
 @pytest.mark.parametrize("when", ["kept", "packed"])
 def test_a_gc_of_the_cache_leaves_the_blob_a_keep_is_copying_there(

@@ -386,6 +386,10 @@ class BucketRequests(PackedHome):
         # bucket refuses it writes.
         state = super().__getstate__()
         state["_noted"] = dataclasses.replace(self._noted, refused=None)
+        # Nor does it carry the filesystem, which it opens from its options: fsspec hands
+        # one filesystem to all who open it with the same options, so the store's may be
+        # one made with the credentials as plain text, which its pickle would hold.
+        state.pop("_opened", None)
         return state
 
     @property
