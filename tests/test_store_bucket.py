@@ -1168,6 +1168,19 @@ def test_a_bucket_store_pickled_carries_no_filesystem_holding_its_credentials(
     assert_reaches_once_loaded_here(pickled, monkeypatch)
 
 
+def test_azure_s_credential_option_is_held_as_a_credential() -> None:
+    """Azure's ``credential`` option, given as text, is an account key or a SAS token: the
+    options a bucket store holds pickle without it, as without its other credentials, while
+    its address keeps it."""
+    from somatize.store._credentials import guarded, plain
+
+    given = {"account_name": "acct", "credential": CREDENTIALS["secret"]}
+    held = guarded(given)
+    assert CREDENTIALS["secret"].encode() not in pickle.dumps(held)
+    assert pickle.loads(pickle.dumps(held)) == {"account_name": "acct", "credential": None}
+    assert plain(held) == given
+
+
 @pytest.mark.parametrize("collector", ["cache", "bucket"])
 @pytest.mark.parametrize("when", ["kept", "packed"])
 def test_a_gc_of_the_cache_leaves_the_blob_a_keep_is_copying_there(

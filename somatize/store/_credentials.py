@@ -36,6 +36,7 @@ CREDENTIALS = frozenset(
         "sas_token",
         "connection_string",
         "client_secret",
+        "credential",  # an account key or a SAS token, where it is given as text
     }
 )
 """The options, at the top, in ``client_kwargs`` or under a layer's protocol, whose text is
