@@ -1534,6 +1534,13 @@ def refuse_unseen_state(name: str, module: nn.Module | None) -> None:
             "weights to digest, and nothing to key its answers by. Call the module once "
             "on a batch of the shape it will be given before it is frozen or cached"
         )
+    quantized = [part for part, tensor in tensors if tensor.is_quantized]
+    if quantized:
+        raise FreezeError(
+            f"`{name}` holds quantized tensors ({few(quantized)}): their values have no "
+            "agreed layout to digest, so nothing could key its answers by them. Keep them "
+            "as plain tensors (`tensor.dequantize()`), or leave the module uncached"
+        )
     made = [part for part, tensor in tensors if tensor.is_inference()]
     if made:
         raise FreezeError(

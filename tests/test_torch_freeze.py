@@ -3617,3 +3617,23 @@ def test_a_script_s_model_kept_in_a_spawned_process_is_recalled_in_the_script(
     name, answer, runs = ast.literal_eval(kept)
     assert (name, runs) == ("Out", 1)
     assert ast.literal_eval(recalled) == ("Out", answer, 0)
+
+
+def test_a_module_holding_a_quantized_buffer_is_refused_naming_it(tmp_path: pathlib.Path) -> None:
+    """A quantized tensor kept as a buffer cannot be digested: the module is refused when
+    its cache is made, naming the buffer and what to do, not with a digest's `TypeError`."""
+
+    class Scaled(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+            self.register_buffer(
+                "w", torch.quantize_per_tensor(torch.randn(4), 0.1, 0, torch.qint8)
+            )
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x)
+
+    module = Scaled().eval().requires_grad_(False)
+    with pytest.raises(smt.FreezeError, match=r"quantized tensors \(`w`\).*dequantize"):
+        smt.cache_rows(module, store=str(tmp_path))(torch.randn(2, 4))
