@@ -934,6 +934,15 @@ def test_a_forward_with_a_writer_that_may_not_look_for_the_bucket_keeps() -> Non
     assert largest.calls == 1
 
 
+def kept_by(store: Store) -> tuple[Graph, Largest]:
+    """A graph whose cached node takes the largest of its scaled input, with its answer to
+    ``[1.0, 2.0]`` kept in ``store``, and that node (whose calls it counts)."""
+    largest = Largest().named("largest").frozen().cached()
+    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
+    assert g.forward([1.0, 2.0], store=store) == 4.0
+    return g, largest
+
+
 def test_a_bucket_that_refused_a_write_refuses_forwards_before_any_node_runs() -> None:
     """With credentials that may only read, the first write the bucket refuses makes the
     store object read-only: it says so (``writable()`` False), and a later forward that
@@ -941,10 +950,8 @@ def test_a_bucket_that_refused_a_write_refuses_forwards_before_any_node_runs() -
     runs, as a read-only local store's is, while a forward it answers is recalled."""
     admin, reader = user(["s3:*"]), user(READS)
     url = s3_url()
-    largest = Largest().named("largest").frozen().cached()
-    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
     with enable_iam_authentication():
-        assert g.forward([1.0, 2.0], store=Store.on_bucket(url, **admin)) == 4.0
+        g, largest = kept_by(Store.on_bucket(url, **admin))
         store = Store.on_bucket(url, **reader, backoff=0.0)
         assert store.writable() is True  # nothing tells before a write
         with pytest.raises(StoreError, match="the bucket refused writes with these credentials"):
@@ -957,6 +964,49 @@ def test_a_bucket_that_refused_a_write_refuses_forwards_before_any_node_runs() -
         assert g.forward([1.0, 2.0], store=store) == 4.0
         assert largest.calls == 1
         assert Store.on_bucket(url, **admin).writable() is True
+
+
+def test_a_bucket_opened_read_only_refuses_a_forward_before_its_first_node_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Opened ``read_only=True`` (credentials that may only read), a fresh store object
+    refuses a forward that would keep an answer before any node runs — not after computing
+    the first miss, as one learning it from a refused write does — and makes no request to
+    learn it; a forward it answers is recalled, and nothing else is written or removed."""
+    admin, reader = user(["s3:*"]), user(READS)
+    url = s3_url()
+    with enable_iam_authentication():
+        g, largest = kept_by(Store.on_bucket(url, **admin))
+        store = Store.on_bucket(url, **reader, read_only=True)
+        assert isinstance(store, BucketStore)
+        assert store.writable() is False
+        looked, written = Counting(store._missing_bucket), Counting(store.fs.pipe_file)
+        monkeypatch.setattr(store, "_missing_bucket", looked)
+        monkeypatch.setattr(store.fs, "pipe_file", written)
+        with pytest.raises(StoreError, match=r"opened with read_only=True.*can still be read"):
+            g.forward([1.0, 3.0], store=store)
+        assert largest.calls == 1
+        with pytest.raises(StoreError, match="read_only=True"):
+            store.put(b"refused")
+        with pytest.raises(StoreError, match="read_only=True"):
+            store.gc()
+        assert (looked.calls, written.calls) == (0, 0)
+        assert g.forward([1.0, 2.0], store=store) == 4.0
+        assert largest.calls == 1
+
+
+def test_a_read_only_bucket_stays_read_only_in_another_process() -> None:
+    """``read_only`` travels with the store: in its address, which another process opens it
+    from, and in its pickle; a store opened without it is not read-only."""
+    store = Store.on_bucket(s3_url(), **s3_options(), read_only=True)
+    address = store.address()
+    assert address is not None and address["read_only"] is True
+    assert Store.from_address(address).writable() is False
+    assert pickle.loads(pickle.dumps(store)).writable() is False
+    plain = Store.on_bucket(store.url, **s3_options())
+    assert "read_only" not in (plain.address() or {})
+    with pytest.raises(BadAddress, match="read_only is True or False"):
+        Store.on_bucket(store.url, **s3_options(), read_only="yes")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -904,6 +904,29 @@ def test_a_bucket_that_refused_a_write_refuses_rows_before_running(
             cached.close()
 
 
+def test_a_bucket_opened_read_only_refuses_rows_before_its_first_rows_run(
+    count_rows: Callable[[nn.Module], Tally],
+) -> None:
+    """Over a bucket opened ``read_only=True`` (credentials that may only read), rows it
+    holds are recalled, and the first batch with rows it lacks is a StoreError saying so
+    before the module runs: no rows are computed to fail behind the step first."""
+    admin, reader = user(["s3:*"]), user(READS)
+    url = s3_url()
+    data = images(12)
+    answers = expected(encoder(), data)
+    with enable_iam_authentication():
+        first = cache_rows(encoder(), Store.on_bucket(url, **admin))
+        first(data[:8])
+        first.close()
+        cached = cache_rows(encoder(), Store.on_bucket(url, **reader, read_only=True))
+        counter = count_rows(cached.module)
+        assert torch.equal(cached(data[:8]), answers[:8])
+        with pytest.raises(StoreError, match=r"4 of the 4 rows.*opened with read_only=True"):
+            cached(data[8:])
+        assert counter.rows == 0 and cached.stats.computed == 0
+        cached.close()
+
+
 class Transposes(nn.Module):
     """Answers each row transposed: a batch whose rows are not in C order."""
 

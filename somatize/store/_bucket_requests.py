@@ -365,6 +365,10 @@ class BucketRequests(PackedHome):
     _noted: BucketNotes
     _opened: tuple[Any, int] = (None, -1)
     """The filesystem :attr:`fs` is, and the process it was opened in."""
+    read_only = False
+    """Whether the store was opened ``read_only=True``: it then writes and removes nothing,
+    refusing at once what would (see :meth:`_only_read`), before any request. Set on the
+    object only where True, so that a store keeps fewer attributes than objects share."""
 
     @property
     def fs(self) -> Any:
@@ -509,6 +513,8 @@ class BucketRequests(PackedHome):
         refused = self._noted.refused
         if refused is not None:
             return self._read_only("keep answers in", refused)
+        if self.read_only:
+            return self._only_read("keep answers in")
         if self._noted.bucket_seen:
             return None
         archived = self._in_archive("keep answers in")
@@ -532,6 +538,18 @@ class BucketRequests(PackedHome):
         return Missing(
             f"{said}: the bucket `{bucket}` does not exist, so nothing is kept there. Check "
             "the URL, or create the bucket"
+        )
+
+    def _only_read(self, doing: str) -> StoreError | None:
+        """The error for a write or a removal (``doing``: what it would do) where the store
+        was opened ``read_only=True`` or lies in an archive (:meth:`_in_archive`); None
+        where it may be tried."""
+        if not self.read_only:
+            return self._in_archive(doing)
+        return StoreError(
+            f"cannot {doing} {self.url}: the store was opened with read_only=True, so it "
+            "writes and removes nothing. Nothing was changed; it can still be read. Open it "
+            "without read_only=True, with credentials that may write, to keep answers there"
         )
 
     def _in_archive(self, doing: str) -> StoreError | None:
@@ -585,9 +603,9 @@ class BucketRequests(PackedHome):
     def _write(self, path: str, pieces: Sequence[Buffer]) -> None:
         """Publishes ``pieces`` at ``path`` whole: an object store's upload does that by
         itself; a plain filesystem goes through ``tmp/`` and a rename."""
-        archived = self._in_archive(f"write {path.rsplit('/', 2)[-2]}/ of")
-        if archived is not None:
-            raise archived
+        refused = self._only_read(f"write {path.rsplit('/', 2)[-2]}/ of")
+        if refused is not None:
+            raise refused
         if not self._noted.marked:
             self._ensure_marked()
         self._publish(path, pieces)

@@ -147,10 +147,10 @@ class BucketShelf(BucketRequests):
         progress: Progress | None = None,
     ) -> Collected:
         # Refused before anything is listed, removed or written (the file that reads the
-        # store's clock): an archive's files are not removed.
-        archived = self._in_archive("collect garbage in")
-        if archived is not None:
-            raise archived
+        # store's clock): an archive's files are not removed, nor a read-only store's.
+        refused = self._only_read("collect garbage in")
+        if refused is not None:
+            raise refused
         # Refused, too, before a blob is put back from tmp/aside/: a prefix that bears no
         # store's marker may be a user's folder, left as it is.
         self._refuse_unmarked("collect")
@@ -657,9 +657,9 @@ class BucketShelf(BucketRequests):
         no atomic rename, so a writer that publishes it anew between that read and the
         move still loses it to quarantine/ (a miss, recomputed). In an archive, which is
         only read, nothing is moved: a StoreError says so, as of a read-only store."""
-        archived = self._in_archive(f"move {section}/{name} aside in")
-        if archived is not None:
-            raise archived
+        refused = self._only_read(f"move {section}/{name} aside in")
+        if refused is not None:
+            raise refused
         if section == "names" and not self._atomic:
             refuse_name_led_out(self.fs._strip_protocol(self.root), name)
         if was is not None:
@@ -688,6 +688,9 @@ class BucketShelf(BucketRequests):
         and only a delete that succeeded makes it moved (one refused, by credentials that
         may write but not delete, leaves it in place, and the copy is taken back when it
         can be)."""
+        only_read = self._only_read("move files aside in")
+        if only_read is not None:
+            raise StoreError(f"{only_read}; it is still in place")
         try:
             if not self._atomic:  # a plain filesystem renames, into a folder that exists
                 self.fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)

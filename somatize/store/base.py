@@ -562,16 +562,20 @@ class Store(abc.ABC):
         *,
         cache: str | os.PathLike[str] | None = None,
         signing_key: str | bytes | None = None,
+        read_only: bool = False,
         **storage_options: Any,
     ) -> Store:
         """A store in a bucket, through fsspec: ``s3://bucket/prefix``, ``gs://…``,
         ``az://…``, ``memory://…``, ``file://…``. ``storage_options`` go to the filesystem
         (for s3: ``key``, ``secret``, ``client_kwargs={"endpoint_url": …}``); ``cache`` is
         a local directory kept in front as a read-through cache of blobs; ``signing_key`` signs
-        records (default: ``$SOMATIZE_STORE_KEY``)."""
+        records (default: ``$SOMATIZE_STORE_KEY``); ``read_only=True`` (credentials that may
+        only read) writes and removes nothing, refusing at once, with no request, what would."""
         from somatize.store.bucket import BucketStore
 
-        return BucketStore(url, cache=cache, signing_key=signing_key, **storage_options)
+        return BucketStore(
+            url, cache=cache, signing_key=signing_key, read_only=read_only, **storage_options
+        )
 
     # -- address ------------------------------------------------------------------------------
 

@@ -557,7 +557,10 @@ class BucketStore(BucketShelf):
     ``cache`` is a local directory kept in front as a read-through cache; ``signing_key``
     (default ``$SOMATIZE_STORE_KEY``) signs records, names and indexes; ``retries`` and
     ``backoff`` (seconds, doubled each time) shape the retrying of transient failures;
-    the rest goes to the fsspec filesystem."""
+    ``read_only=True`` (for credentials that may only read) writes and removes nothing,
+    and refuses a forward that would keep an answer before it computes one, with no
+    request made to learn that writes are refused; the rest goes to the fsspec
+    filesystem."""
 
     _sections: tuple[str, ...] = (*SECTIONS, "used")
     _cache_bound = False
@@ -571,8 +574,13 @@ class BucketStore(BucketShelf):
         signing_key: str | bytes | Signer | None = None,
         retries: int = 5,
         backoff: float = 0.05,
+        read_only: bool = False,
         **storage_options: Any,
     ) -> None:
+        if not isinstance(read_only, bool):
+            raise BadAddress(f"read_only is True or False, got {read_only!r}")
+        if read_only:
+            self.read_only = True
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise BadAddress(f"retries is a count ≥ 0 of requests made again, got {retries!r}")
         if not (finite(backoff) and backoff >= 0):
@@ -681,14 +689,15 @@ class BucketStore(BucketShelf):
                 # made there, as a local store's open refuses it.
                 raise unmarked(url, "it holds files but no store", "open a store at", BadAddress)
             try:
-                self.fs.makedirs(self._path("tmp", ""), exist_ok=True)
+                if not self.read_only:
+                    self.fs.makedirs(self._path("tmp", ""), exist_ok=True)
             except OSError as why:
                 raise StoreError(f"cannot use {url} as a store: {why}") from why
         self.cache: LocalStore | None = self._cache_at(cache) if cache is not None else None
         self._hold_nothing()
         self._noted = BucketNotes()
         if not self._atomic:  # a directory is made a store as it is opened, as a local one
-            if self._store_kind() in (None, "clear"):
+            if self._store_kind() in (None, "clear") and not self.read_only:
                 self._mark()
             self._noted.marked = True
 
@@ -761,6 +770,7 @@ class BucketStore(BucketShelf):
             "retries": self.retries,
             "backoff": self.backoff,
             "signed": None if self.signer is None else self.signer.fingerprint,
+            **({"read_only": True} if self.read_only else {}),
         }
 
     @classmethod
@@ -769,8 +779,10 @@ class BucketStore(BucketShelf):
         (None: unsigned)."""
         url, options = address.get("url"), address.get("options", {})
         retries, backoff = address.get("retries", 5), address.get("backoff", 0.05)
+        read_only = address.get("read_only", False)
         if (
-            not isinstance(url, str)
+            not isinstance(read_only, bool)
+            or not isinstance(url, str)
             or "://" not in url
             or not isinstance(options, dict)
             or not isinstance(retries, int)
@@ -778,18 +790,25 @@ class BucketStore(BucketShelf):
         ):
             raise BadAddress(
                 "a bucket store's address holds its `url` (with a `://`), its storage "
-                "`options` as a dict, `retries` as an int and `backoff` in seconds; make it "
-                "with `store.address()`"
+                "`options` as a dict, `retries` as an int, `backoff` in seconds and, where "
+                "it is read-only, `read_only` as True; make it with `store.address()`"
             )
-        apart = sorted(set(options) & {"cache", "signing_key", "retries", "backoff"})
+        apart = sorted(set(options) & {"cache", "signing_key", "retries", "backoff", "read_only"})
         if apart:
             raise BadAddress(
                 f"a bucket store's address holds storage `options` for the filesystem only, got "
-                f"{apart}: `retries` and `backoff` lie beside them, and a cache or a signing "
-                "key is never in an address (each process has its own); make it with "
-                "`store.address()`"
+                f"{apart}: `retries`, `backoff` and `read_only` lie beside them, and a cache "
+                "or a signing key is never in an address (each process has its own); make it "
+                "with `store.address()`"
             )
-        store = cls(url, signing_key=signer, retries=retries, backoff=backoff, **options)
+        store = cls(
+            url,
+            signing_key=signer,
+            retries=retries,
+            backoff=backoff,
+            read_only=read_only,
+            **options,
+        )
         store.signer = signer  # None means unsigned here, not the environment's key
         return store
 
