@@ -161,6 +161,12 @@ def _recall_or_run(
         if found is None:
             return positions
         at, rows = found
+        if (
+            where == "store"
+            and drifted
+            and not _answers_now(self, x, at[0], rows, drifted, (keying, watch))
+        ):
+            return positions  # another code's answers, of another shape: computed again
         _same_answers(self, rows, keying, None)
         counts[where] += len(at)
         with self._tiers_lock:
@@ -179,10 +185,11 @@ def _recall_or_run(
         keys = keyed(positions)
         positions = took(self._writer.recall(keys), "pending", positions)
     refused: StoreError | None = None  # why the store could not keep rows computed now
+    drifted: str | None = None  # the fingerprint of other code that kept rows found, if any
     if positions and self.store is not None:
         # Named for the writer's staging just now, unless there is no writer.
         keys = {p: keys[p] for p in positions} if keys else keyed(positions)
-        found, refused = _from_store(self, keys, counts)
+        found, refused, drifted = _from_store(self, keys, counts)
         positions = took(found, "store", positions)
     if keying.unchecked and not keying.rowwise:
         _check_kept(self, x, near, positions, keying, watch)
@@ -392,7 +399,7 @@ def _admit(self: CachedRows, near: list[Hashable], rows: torch.Tensor) -> None:
 
 def _from_store(
     self: CachedRows, keys: dict[int, str], counts: dict[str, int]
-) -> tuple[tuple[list[int], torch.Tensor] | None, StoreError | None]:
+) -> tuple[tuple[list[int], torch.Tensor] | None, StoreError | None, str | None]:
     """The rows at batch positions ``keys`` (position → store key) the store has, and why
     it could not keep rows computed now, if it could not (a read-only store, or one whose
     directory is gone: :meth:`~somatize.Store._refused_keeping`, which tells without
@@ -406,7 +413,9 @@ def _from_store(
     caller, as the store is a cache of what the module answers. So is a lookup of which
     rows it has that fails (a ``packs/`` listing failing with an I/O error): every row
     looked up is computed again, unless the store could not keep them either, as a
-    read-only store could not."""
+    read-only store could not. Rows another version of the module's code kept are
+    taken, unless the cache is strict, and the fingerprint of that code comes back with
+    them (:func:`_answers_now` sees whether they are of the shape this code answers)."""
     store = self.store
     assert store is not None and self._lock is not None
     with self._lock:
@@ -416,16 +425,17 @@ def _from_store(
         except (StoreError, OSError) as why:
             if refused is None:  # else the refusal is raised, before any row is computed
                 _unread(self, counts, len(keys), why, "looked up in")
-            return None, refused
+            return None, refused, None
         if not present:
-            return None, refused
+            return None, refused, None
         wanted = [p for p, key in keys.items() if key in present]
         try:
             got = store.recall_many([keys[p] for p in wanted], borrow=True)  # decoded by copy
         except OSError as why:  # the whole read failed, not one answer of it
             _unread(self, counts, len(wanted), why)
-            return None, refused
+            return None, refused, None
     at: list[int] = []
+    drifted: str | None = None
     datas: list[memoryview] = []
     faults: list[Exception] = []
     for p in wanted:
@@ -439,19 +449,19 @@ def _from_store(
         if answer.fingerprint not in (None, self._fingerprint):
             if self.strict:
                 continue
-            _drifted(self, answer.fingerprint)
+            drifted = answer.fingerprint
         at.append(p)
         datas.append(data)
     if faults:
         _unread(self, counts, len(faults), faults[0])
     if not at:
-        return None, refused
+        return None, refused, None
     try:
         rows = decode_rows(datas)
     except (ValueError, TypeError, Corrupt, Missing) as why:
         _unread(self, counts, len(at), why)  # every row of this lookup is computed again
-        return None, refused
-    return (at, rows), refused
+        return None, refused, None
+    return (at, rows), refused, drifted
 
 
 def _unread(
@@ -483,6 +493,42 @@ def _unread(
         SomatizeWarning,
         stacklevel=outside_level(),
     )
+
+
+def _answers_now(
+    self: CachedRows,
+    x: torch.Tensor | DeferredRows,
+    position: int,
+    rows: torch.Tensor,
+    was: str,
+    keyed: tuple[_Keying, StateWatch | None],
+) -> bool:
+    """Whether ``rows``, recalled from the store and kept by another version of the
+    module's code (``was``), are of the shape and dtype this code answers (warned of as
+    drifted, then, and used). Their key is the same (class, structure, weights), so code
+    that now answers rows of another size (a pooling changed to concatenate two) would
+    have them recalled whole, wrong. What this code answers is seen once per keying, by
+    running the row at ``position`` of ``x``, where no row computed or recalled under it
+    has said so yet; rows of any other shape are computed again."""
+    keying, watch = keyed
+    if keying.answers is None:
+        _run(self, x, [position], keying, watch)  # `_same_answers` takes its shape
+    if keying.answers is None or keying.answers == (rows.shape[1:], rows.dtype):
+        _drifted(self, was)
+        return True
+    if not self._drift_warned:
+        self._drift_warned = True
+        (shape, dtype), kept = keying.answers, (rows.shape[1:], rows.dtype)
+        warnings.warn(
+            f"rows of `{type(self.module).__name__}` in the store were kept by another "
+            f"version of its code ({was}, now {self._fingerprint}) and are rows of "
+            f"{list(kept[0])} {kept[1]}, where it answers {list(shape)} {dtype} now: "
+            "they are computed again. Pass a new salt= to keep this code's rows apart "
+            "in the store",
+            Drifted,
+            stacklevel=outside_level(),
+        )
+    return False
 
 
 def _drifted(self: CachedRows, was: str | None) -> None:

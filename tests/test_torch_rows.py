@@ -4438,6 +4438,32 @@ def test_rows_kept_by_other_code_warn_at_the_callers_line(
     assert torch.equal(again, kept)
 
 
+@pytest.mark.parametrize("fresh", [0, 3])
+def test_rows_kept_by_other_code_of_another_shape_are_computed_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch, fresh: int
+) -> None:
+    """Rows another version of the module's code kept, recalled from the store, are used
+    only where they are of the shape and dtype this code answers: code that now answers
+    wider rows gets its own, for a batch recalled whole (``fresh`` rows computed: none) or
+    in part, and is warned."""
+    x = torch.randn(5, 6)
+    first = cache_rows(Patched(), store=store)
+    first(x)
+    first.flush()
+
+    def wider(self: Patched, x: torch.Tensor) -> torch.Tensor:
+        out = self.linear(x)
+        return torch.cat([out, out], dim=1)
+
+    monkeypatch.setattr(Patched, "forward", wider)
+    module = Patched()
+    batch = torch.cat([x, torch.randn(fresh, 6)])
+    with pytest.warns(Drifted, match=r"rows of \[3\] torch.float32.*answers \[6\]"):
+        again = cache_rows(module, store=store)(batch)
+    with torch.no_grad():
+        assert torch.equal(again, module(batch))
+
+
 class KeepsItsMode(nn.Module):
     """Dropout that keeps its training flag in an array of its own, through a property."""
 
