@@ -15,10 +15,12 @@ or the caller (``inputs=``).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterable, Sized
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
+from torch import nn
 
 from somatize_torch._row_errors import NeedsIndex
 from somatize_torch._row_keys import KeyMode
@@ -58,15 +60,49 @@ def batch_at(item: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def _inputs(batch: Any, key: KeyMode) -> tuple[torch.Tensor | DeferredRows, torch.Tensor | None]:
+def named_by_forward(item: dict[Any, Any], module: nn.Module) -> tuple[Any, ...] | None:
+    """Where the batch tensor is in a dict ``item`` with no ``x`` or ``input`` (a
+    tokenizer's output): under the name of the parameter of the module's forward it is
+    handed as, its first. None where the forward's signature cannot be read or no
+    tensor of the dict is named so; refused where another tensor of it names a parameter
+    too (an ``attention_mask``): the cache hands the module the batch alone, and would
+    leave that one out."""
+    try:
+        parameters = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    if not parameters or parameters[0].kind not in positional:
+        return None
+    first = parameters[0].name
+    if not isinstance(item.get(first), torch.Tensor):
+        return None
+    also = [p.name for p in parameters[1:] if isinstance(item.get(p.name), torch.Tensor)]
+    if also:
+        raise TypeError(
+            f"prefill found the batch under '{first}', the first parameter of "
+            f"`{type(module).__name__}.forward`, in the dict the loader yields, and "
+            f"{', '.join(repr(name) for name in also)} beside it, which the forward takes "
+            "too: a cache per row hands the module the batch alone, so those would be left "
+            "out. Pass inputs=lambda item: item['" + first + "'] to cache it without them"
+        )
+    return (first,)
+
+
+def _inputs(
+    batch: Any, key: KeyMode, module: nn.Module
+) -> tuple[torch.Tensor | DeferredRows, torch.Tensor | None]:
     """The batch tensor (and, keyed by index, the indices) of what a DataLoader yields:
-    the tensor :func:`batch_at` finds, and a dict's ``index``; or the
+    the tensor :func:`batch_at` finds, or a dict's that names the module's forward's
+    first parameter (:func:`named_by_forward`), and a dict's ``index``; or the
     :class:`DeferredRows` that is the item or a tuple's first."""
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], DeferredRows):
         return batch[0], None
     if isinstance(batch, DeferredRows):
         return batch, None
     path = batch_at(batch)
+    if path is None and isinstance(batch, dict):
+        path = named_by_forward(batch, module)
     if path is None:
         raise TypeError(
             f"prefill cannot tell the batch tensor in a `{type(batch).__name__}` the loader "
@@ -178,8 +214,8 @@ def prefill(
     still on their way to the store, are written first (a write of theirs that failed
     is raised there, before anything is computed): they are not counted as its own.
     ``inputs`` turns one loader item into the batch tensor (or ``(batch, indices)``); by
-    default a tensor is the batch, a tuple's first item is the batch, a dict's ``x`` and
-    ``index``. With
+    default a tensor is the batch, a tuple's first item is the batch, a dict's ``x`` (or
+    ``input``, or the one named as the forward's first parameter) and ``index``. With
     ``key="index"`` the indices are taken only where they are named (a dict's
     ``index``, a :class:`DeferredRows`); otherwise ``inputs`` must say where they are
     (:class:`NeedsIndex` if it does not). ``convert`` is applied to each item first
@@ -224,7 +260,7 @@ def prefill(
                     "inputs=lambda item: (item[0], item[2]) for items (x, y, index)"
                 )
         else:
-            x, index = _inputs(item, cached.key_mode)
+            x, index = _inputs(item, cached.key_mode, cached.module)
         if device is not None:
             x = x.to(device)
         # Rows keyed by content are named by their input: indices beside it mean nothing.

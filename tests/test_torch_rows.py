@@ -2087,6 +2087,55 @@ def test_prefill_refuses_inputs_answering_a_tuple_of_another_length(
     assert cached.stats.computed == 0
 
 
+class PooledTokens(nn.Module):
+    """A text encoder taking token ids alone (padding masked by its id, 0), or the mask
+    beside them where ``masked``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(50, 4, padding_idx=0)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.embed(input_ids).sum(dim=1)
+        return out
+
+
+class MaskedTokens(PooledTokens):
+    def forward(  # type: ignore[override]  # the mask beside the ids
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return super().forward(input_ids)
+
+
+def tokenized(count: int) -> list[dict[str, torch.Tensor]]:
+    """What a tokenizer's loader yields: batches of ids and their mask, by name."""
+    ids = torch.randint(1, 50, (count, 7))
+    return [{"input_ids": part, "attention_mask": torch.ones_like(part)} for part in ids.split(4)]
+
+
+def test_prefill_takes_a_dict_s_tensor_named_as_the_forward_s_parameter() -> None:
+    """A loader of dicts with no ``x`` (a tokenizer's ``input_ids`` and ``attention_mask``)
+    is prefilled through the tensor named as the module's forward's first parameter, where
+    no other tensor of it names one of its parameters."""
+    batches = tokenized(12)
+    cached = cache_rows(PooledTokens())
+    done = prefill(cached, batches, progress=False)
+    assert done.computed == 12
+    for batch in batches:
+        assert torch.equal(cached(batch["input_ids"]), cached.module(batch["input_ids"]))
+    assert cached.stats.computed == 12
+
+
+def test_prefill_refuses_a_dict_whose_tensors_name_two_parameters_of_the_forward() -> None:
+    """Where another tensor of the dict names a parameter of the forward too (a mask), the
+    cache would hand the module the ids without it: refused, naming both and ``inputs=``."""
+    cached = cache_rows(MaskedTokens())
+    with pytest.raises(TypeError, match=r"'input_ids'.*'attention_mask'.*inputs=lambda item"):
+        prefill(cached, tokenized(8), progress=False)
+    assert cached.stats.computed == 0
+
+
 def test_an_input_that_requires_grad_is_refused(cached: CachedRows) -> None:
     """A batch that requires grad is refused: recalled rows would cut its gradient."""
     with pytest.raises(CachedInputNeedsGrad, match="requires grad"):
