@@ -20,6 +20,7 @@ import pytest
 
 from somatize.cli import main
 from somatize.store import (
+    Answer,
     Corrupt,
     KeyMismatch,
     LocalStore,
@@ -1864,16 +1865,45 @@ def test_a_lookup_of_keys_kept_nowhere_looks_at_answers_once(
     store = LocalStore(tmp_path / "store")
     store.keep_many([(key_of(i), b"row %d" % i) for i in range(3)], "plain")
     looks = []
-    holds_none = LocalStore._holds_no_records
+    shards = LocalStore._record_shards
 
-    def counted(self: LocalStore) -> bool:
+    def counted(self: LocalStore) -> frozenset[str] | None:
         looks.append(self)
-        return holds_none(self)
+        return shards(self)
 
-    monkeypatch.setattr(LocalStore, "_holds_no_records", counted)
+    monkeypatch.setattr(LocalStore, "_record_shards", counted)
     assert store.have([key_of(i) for i in range(10, 20)]) == set()
     assert len(looks) == 1
     assert store.have([key_of(1), key_of(10)]) == {key_of(1)}
+
+
+def test_a_lookup_of_packed_keys_reads_no_record_per_key_beside_one_loose_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store of packed rows holding one loose answer beside them, opened afresh (another
+    process's recall), opens no record file for a key whose shard folder ``answers/`` does
+    not hold: only those of the loose answer's shard are read."""
+    root = tmp_path / "store"
+
+    def spread(number: int) -> str:  # keys in every shard folder, as row keys fall
+        return "blake3:" + blake3.blake3(b"%d" % number).hexdigest()
+
+    keys = [spread(i) for i in range(512)]
+    LocalStore(root).keep_many([(key, key.encode()) for key in keys], "plain")
+    loose = spread(10_000)
+    LocalStore(root).keep(loose, b"loose", "plain")
+    opened = []
+    read = LocalStore._read_record
+
+    def counted(self: LocalStore, key: str) -> Answer | None:  # a record file opened
+        opened.append(key)
+        return read(self, key)
+
+    monkeypatch.setattr(LocalStore, "_read_record", counted)
+    assert LocalStore(root).have([*keys, loose, spread(20_000)]) == {*keys, loose}
+    shard = loose[7:9]
+    assert opened and all(key[7:9] == shard for key in opened)
+    assert len(opened) < 20
 
 
 def test_a_lookup_tells_answers_lost_elsewhere_and_kept_anew_as_a_fresh_store_does(

@@ -144,9 +144,9 @@ class _PacksLook:
         self.created: dict[str, float] = {}
         """The name of each pack index in that listing → the ``created`` its first line
         says."""
-        self.answers: tuple[int, bool] = (-1, False)
+        self.answers: tuple[int, frozenset[str]] = (-1, frozenset())
         """The time of ``answers/`` when it was last listed (-1: to be listed again), and
-        whether that listing held nothing."""
+        the shard folders that listing held."""
 
 
 def _to_trust(stamp: int) -> int:
@@ -614,17 +614,24 @@ class LocalStore(LocalShelf):
                     self._forget(answer)
                     unresolved.append(key)
         # `answers/` looked at once a lookup (a stat): a record kept after the look, as
-        # the lookup runs, is one kept after it, as a record kept just after its end.
-        no_records = bool(unresolved) and self._holds_no_records()
-        read = self._records_alone(unresolved, found) if unresolved and not no_records else {}
+        # the lookup runs, is one kept after it, as a record kept just after its end. A key
+        # whose shard folder it does not hold has no record, and none is opened for it: a
+        # store of packed rows holding one loose answer reads no record per row.
+        shards = self._record_shards() if unresolved else None
+        recorded = unresolved if shards is None else [k for k in unresolved if k[7:9] in shards]
+        read = self._records_alone(recorded, found) if recorded else {}
         unresolved = [key for key in unresolved if key not in found]
         if unresolved:
             packed = self._packed_after_a_look(unresolved)
-            unrecorded = len(packed) < len(unresolved) and no_records
+            unrecorded = (
+                set()
+                if shards is None
+                else {k for k in unresolved if k not in packed and k[7:9] not in shards}
+            )
             if unrecorded:  # refused as a read of their records would refuse them
-                check_digests([key for key in unresolved if key not in packed])
-            # Only the packed ones have an answer where `answers/` holds no record.
-            todo = [key for key in unresolved if key in packed] if unrecorded else unresolved
+                check_digests(list(unrecorded))
+            # Only the packed ones have an answer where `answers/` holds no record of theirs.
+            todo = [key for key in unresolved if key not in unrecorded]
             for key in todo:
                 pack = packed.get(key)
                 try:
@@ -653,8 +660,8 @@ class LocalStore(LocalShelf):
         whose record answers it whatever ``packs/`` holds (see :meth:`_after_every_pack`)
         and whose blob is whole. Key → its record (None: it has none), for each read; one
         that cannot be read is left out, to be read again, and its failure said, unless a
-        pack answers its key. Not asked where ``answers/`` holds nothing
-        (:meth:`_holds_no_records`), which :meth:`have` looks at once a lookup."""
+        pack answers its key. Asked only of keys whose shard folder ``answers/`` holds
+        (:meth:`_record_shards`), which :meth:`have` looks at once a lookup."""
         read: dict[str, Answer | None] = {}
         alone = None  # weighed once a record is found: a first epoch's rows have none
         for key in keys:
@@ -778,23 +785,28 @@ class LocalStore(LocalShelf):
         self._packs_look.stamp = -1
 
     def _holds_no_records(self) -> bool:
-        """Whether ``answers/`` holds nothing, so no record: listed again only once its time
-        moved (a record goes into a shard folder, and a shard made moves it), as ``packs/``
-        is (:meth:`_listed_packs`). A store of rows keeps them in packs alone: a lookup of
-        rows it does not have (every lookup of a first epoch) then costs one stat, not a
-        read per row."""
+        """Whether ``answers/`` holds nothing, so no record (:meth:`_record_shards`)."""
+        return self._record_shards() == frozenset()
+
+    def _record_shards(self) -> frozenset[str] | None:
+        """The shard folders ``answers/`` holds, each named by the first two hex digits of
+        its records' keys; None where it cannot be listed (records are read as before).
+        Listed again only once its time moved (a record goes into a shard folder, and a
+        shard made moves it), as ``packs/`` is (:meth:`_listed_packs`). A store of rows
+        keeps them in packs: a lookup of rows (a first epoch's, or a fresh process's
+        recall) then costs one stat, not a read per row, whatever few loose answers it
+        holds beside them."""
         try:
             stamp = os.stat(self._answers).st_mtime_ns
-            listed, empty = self._packs_look.answers
+            listed, shards = self._packs_look.answers
             if stamp == listed:
-                return empty
-            empty = not os.listdir(self._answers)
+                return shards
+            shards = frozenset(os.listdir(self._answers))
         except OSError:  # none there, or not for this process to list: read as before
-            return False
-        # Found holding some, records are read as ever, which an entry made later cannot
-        # make wrong: its time is kept at once.
-        self._packs_look.answers = (_to_trust(stamp) if empty else stamp, empty)
-        return empty
+            return None
+        # A shard made later in the tick of this listing would leave the time as it is.
+        self._packs_look.answers = (_to_trust(stamp), shards)
+        return shards
 
     def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]:
         """One listing per shard the keys fall in; reads only the records found there."""
