@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Concatenate, Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, Literal, NoReturn, ParamSpec, TypeVar
 
 import blake3
 import torch
@@ -303,6 +303,8 @@ def _keying(self: CachedRows, x: torch.Tensor | DeferredRows) -> tuple[_Keying, 
         if x.version is None and version is not None:
             _lend_version(self, x.source, version)
             self._keyed_as.setdefault((x.source, x.generation), version)
+        elif x.version is not None:
+            _claim_version(self, x.source, x.version)
         version = x.version or version
     else:
         dtype, shape = x.dtype, x.shape[1:]
@@ -367,6 +369,8 @@ def _lend_version(self: CachedRows, source: str, version: str) -> None:
     """Lets the Deferred named ``source``, which has no version of its own, key its rows
     under the cache's ``version`` — if it is the first to: the version names one
     dataset, and two under it would share their indices."""
+    if self._claimed.get(version, {source}) != {source}:
+        _refuse_shared_version(version)
     lent = self._lent_to.setdefault(version, source)
     if lent != source:
         raise NeedsIndex(
@@ -377,6 +381,25 @@ def _lend_version(self: CachedRows, source: str, version: str) -> None:
             "version, `Deferred(inputs, ..., version='val@1')` (a Deferred made again over "
             "the same data needs one too: the cache cannot tell it is the same)"
         )
+
+
+def _claim_version(self: CachedRows, source: str, version: str) -> None:
+    """Notes that the Deferred named ``source`` keys its rows under ``version``, its own;
+    refused where the cache lent that version to a Deferred without one of its own
+    (:func:`_lend_version`), which is another dataset as far as the cache can tell."""
+    if self._lent_to.get(version, source) != source:
+        _refuse_shared_version(version)
+    self._claimed.setdefault(version, set()).add(source)
+
+
+def _refuse_shared_version(version: str) -> NoReturn:
+    raise NeedsIndex(
+        f"a `Deferred` without a version of its own keys its rows under this cache's "
+        f"version={version!r}, and another Deferred came with that very version as its "
+        "own: under one version sample 0 of one dataset would be recalled for sample 0 of "
+        "the other (a training and a validation set both have one). Give the Deferred "
+        "without one a version of its own, `Deferred(inputs, ..., version='val@1')`"
+    )
 
 
 def _version_moved(self: CachedRows, was: str | None) -> None:

@@ -179,6 +179,9 @@ class CachedRows(nn.Module):
         # The one Deferred without a version of its own whose rows are keyed under
         # `version` (by its name), if any.
         self._lent_to: dict[str, str] = {}  # the cache's versions, each by the Deferred lent it
+        # The Deferreds that came with a version of their own, by it: none may be one the
+        # cache lent its version to.
+        self._claimed: dict[str, set[str]] = {}
         # The version of the cache's the rows of each such Deferred, by its name and
         # generation, were first keyed under (`_row_keys.given_holds`).
         self._keyed_as: dict[tuple[str, int | None], str] = {}

@@ -255,6 +255,29 @@ def test_one_deferred_without_a_version_takes_the_caches(tmp_path: Path) -> None
             assert torch.allclose(cached(rows), module(val[rows.index]), atol=1e-6)
 
 
+@pytest.mark.parametrize("versionless_first", [True, False])
+def test_a_version_lent_is_no_other_deferreds_own(tmp_path: Path, versionless_first: bool) -> None:
+    """A Deferred with a version of its own equal to the cache's, and one without (which
+    takes the cache's), are two datasets under one version: the second to come, either
+    way round, was answered with the first's rows. It is refused before any row of it is
+    keyed; the first goes on."""
+    module = encoder()
+    train, val = images(5), images(6)
+    cached = cache_rows(module, tmp_path, key="index", version="proj@1")
+    first, second = Deferred(train, version="proj@1"), Deferred(val)
+    if versionless_first:
+        (first, train), (second, val) = (second, val), (first, train)
+    for rows in batches(first):
+        cached(rows)
+    with pytest.raises(NeedsIndex, match="without a version of its own"):
+        cached(batches(second)[0])
+    assert cached.stats.computed == ROWS
+    for rows in batches(first):
+        with torch.no_grad():
+            assert torch.allclose(cached(rows), module(train[rows.index]), atol=1e-6)
+    assert cached.stats.recalled == ROWS
+
+
 @pytest.mark.parametrize("bad", ["", 0, 2.0, ["toy", 1]])
 def test_a_version_written_is_checked_as_version_is(tmp_path: Path, bad: Any) -> None:
     """A version written to a Deferred (its data changed) is checked as ``version=`` is: an
