@@ -473,6 +473,8 @@ def _stacked(values: list[Any], indices: Sequence[int]) -> Any:
     tokenizer answers them), which it would not make one batch tensor of."""
     kinds: dict[tuple[Any, tuple[int, ...]], int] = {}
     for value, index in zip(values, indices, strict=True):
+        if isinstance(value, (list, tuple, dict)) and _holds_arrays(value):
+            raise NotLoadable(_whole_samples(value, index))
         if isinstance(value, (list, tuple)):
             raise NotLoadable(
                 f"the inputs of a Deferred are one tensor per sample (or what the default "
@@ -480,7 +482,7 @@ def _stacked(values: list[Any], indices: Sequence[int]) -> Any:
                 "have the Deferred read each as a tensor (`torch.tensor(ids)`), padded to "
                 "one length"
             )
-        if isinstance(value, torch.Tensor) or type(value).__name__ == "ndarray":
+        if _is_array(value):
             kinds.setdefault((value.dtype, tuple(value.shape)), index)
     if len(kinds) > 1:
         said = ", ".join(f"sample {i} is {d} {list(s)}" for (d, s), i in list(kinds.items())[:3])
@@ -492,6 +494,36 @@ def _stacked(values: list[Any], indices: Sequence[int]) -> Any:
             "`collate_fn` and call the cache with `index=`"
         )
     return default_collate(values)
+
+
+def _holds_arrays(value: list[Any] | tuple[Any, ...] | dict[Any, Any]) -> bool:
+    """Whether ``value`` holds a tensor or NumPy array: a whole sample (an input beside its
+    label), not one input (token ids)."""
+    items = value.values() if isinstance(value, dict) else value
+    return any(_is_array(v) for v in items)
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or type(value).__name__ == "ndarray"
+
+
+def _whole_samples(value: list[Any] | tuple[Any, ...] | dict[Any, Any], index: int) -> str:
+    """Why a Deferred over a dataset of whole samples (a `TensorDataset`, an
+    `ImageFolder`, a Hugging Face dataset) is refused, and what to hand it."""
+    if isinstance(value, dict):
+        held = f"a `dict` of {sorted(map(str, value))}"
+        part = next(f"data[i][{k!r}]" for k, v in value.items() if _is_array(v))
+    else:
+        count = f"{len(value)} item" + ("s" if len(value) != 1 else "")
+        held = f"a `{type(value).__name__}` of {count}"
+        part = next(f"data[i][{k}]" for k, v in enumerate(value) if _is_array(v))
+    return (
+        f"the inputs of a Deferred are one tensor per sample, the module's input alone; "
+        f"sample {index} is {held}, a whole sample (an input beside its label, as a "
+        "`TensorDataset`, an `ImageFolder` or a Hugging Face dataset hands out). Hand "
+        f"Deferred a dataset whose item i is the input alone (`{part}`), and the labels "
+        "beside it: `Deferred(inputs, labels, version=...)`"
+    )
 
 
 def _named(version: str | None) -> str:

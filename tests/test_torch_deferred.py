@@ -586,6 +586,32 @@ def test_inputs_of_varying_shape_in_one_batch_are_refused_naming_them(
     cached.close()
 
 
+@pytest.mark.parametrize("kind", ["tuple", "dict"])
+def test_a_dataset_of_whole_samples_is_refused_saying_to_hand_the_input_alone(
+    tmp_path: Path, kind: str
+) -> None:
+    """A Deferred over a dataset handing whole samples (a `TensorDataset`'s or an
+    `ImageFolder`'s (image, label), a Hugging Face dataset's dict) is refused saying to
+    hand it the input alone and the labels beside it, naming where the input is. A tuple
+    was refused saying to read token ids as a tensor padded to one length, and a dict
+    with no word of what to do."""
+    pictures = images(7, rows=8)
+    samples: list[Any] = [
+        (pictures[i], i % 3) if kind == "tuple" else {"label": i % 3, "pixel_values": pictures[i]}
+        for i in range(8)
+    ]
+    data = Deferred(samples, version="whole@1")
+    part = r"data\[i\]\[0\]" if kind == "tuple" else r"data\[i\]\['pixel_values'\]"
+    said = rf"sample 0 is a `{kind}`.*input alone \(`{part}`\).*Deferred\(inputs, labels"
+    with pytest.raises(NotLoadable, match=said):
+        next(iter(DataLoader(data, batch_size=4)))
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    with pytest.raises(NotLoadable, match=said):
+        cached(DeferredRows(data.name, torch.arange(4), "whole@1", torch.device("cpu")))
+    assert cached.stats.computed == 0
+    cached.close()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_rows_moved_to_the_gpu_load_and_stay_there(tmp_path: Path) -> None:
