@@ -54,10 +54,15 @@ def batch_at(item: Any) -> tuple[Any, ...] | None:
     if isinstance(item, (tuple, list)) and item and isinstance(item[0], torch.Tensor):
         return (0,)
     if isinstance(item, dict):
-        key = "x" if "x" in item else "input"
+        key = _dict_key(item)
         if isinstance(item.get(key), torch.Tensor):
             return (key,)
     return None
+
+
+def _dict_key(item: dict[Any, Any]) -> str:
+    """The key of a dict loader item that holds the batch: ``x``, else ``input``."""
+    return "x" if "x" in item else "input"
 
 
 def named_by_forward(item: dict[Any, Any], module: nn.Module) -> tuple[Any, ...] | None:
@@ -98,6 +103,8 @@ def _inputs(
     :class:`DeferredRows` that is the item or a tuple's first."""
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], DeferredRows):
         return batch[0], None
+    if isinstance(batch, dict) and isinstance(batch.get(_dict_key(batch)), DeferredRows):
+        return batch[_dict_key(batch)], None  # a `StackDataset(x=Deferred(...), y=labels)`
     if isinstance(batch, DeferredRows):
         return batch, None
     path = batch_at(batch)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import ConcatDataset, DataLoader
+from torch.utils.data import ConcatDataset, DataLoader, StackDataset
 
 from somatize import Store
 from somatize_torch import _row_lookup
@@ -337,6 +337,21 @@ def test_prefill_takes_a_deferred_loader(tmp_path: Path) -> None:
     cached = cache_rows(encoder(), tmp_path, key="index")
     done = prefill(cached, DataLoader(data, batch_size=16), progress=False)
     assert done.computed == ROWS and done.rows_kept == ROWS
+
+
+def test_prefill_takes_deferred_rows_at_a_dicts_x(tmp_path: Path) -> None:
+    """A loader of dicts whose ``x`` is deferred rows (a ``StackDataset(x=Deferred(...),
+    y=labels)``) is prefilled, every row kept, as a dict's ``x`` tensor is. It was refused
+    as holding no batch tensor."""
+    pictures = images(7)
+    data = StackDataset(x=Deferred(pictures, version="toy@7"), y=torch.arange(ROWS))
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    done = prefill(cached, DataLoader(data, batch_size=16), progress=False)
+    assert done.computed == ROWS and done.rows_kept == ROWS
+    for item in DataLoader(data, batch_size=16, shuffle=True):
+        with torch.no_grad():
+            assert torch.allclose(cached(item["x"]), cached.module(pictures[item["y"]]), atol=1e-6)
+    assert cached.stats.recalled == ROWS
 
 
 def test_moving_rows_to_a_device_loads_them_there() -> None:
