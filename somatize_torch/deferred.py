@@ -84,7 +84,7 @@ worker finds its dataset in the process that uses it."""
 class Deferred(Dataset[Any]):
     """Samples whose input is loaded with them only until a row-cached module has answered
     them; see the module docstring. Item ``i`` is ``Row(i)`` alone, or ``(Row(i),
-    beside[0][i], …)``."""
+    beside[0][i], …)``; items ``[i, j, …]`` are those samples collated into one batch."""
 
     def __init__(self, inputs: Any, *beside: Any, version: str | None = None) -> None:
         self.version = version
@@ -156,7 +156,11 @@ class Deferred(Dataset[Any]):
     def __len__(self) -> int:
         return self._count
 
-    def __getitem__(self, index: int) -> Any:
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, (list, tuple)) or getattr(index, "ndim", 0) == 1:
+            # Samples fetched as one batch (a DataLoader with batch_size=None over a
+            # BatchSampler), collated as a DataLoader collates them.
+            return default_collate(self.__getitems__(list(index)))
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> list[Any]:

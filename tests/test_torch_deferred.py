@@ -12,7 +12,13 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import ConcatDataset, DataLoader, StackDataset
+from torch.utils.data import (
+    BatchSampler,
+    ConcatDataset,
+    DataLoader,
+    RandomSampler,
+    StackDataset,
+)
 
 from somatize import Store
 from somatize_torch import _row_lookup
@@ -337,6 +343,25 @@ def test_prefill_takes_a_deferred_loader(tmp_path: Path) -> None:
     cached = cache_rows(encoder(), tmp_path, key="index")
     done = prefill(cached, DataLoader(data, batch_size=16), progress=False)
     assert done.computed == ROWS and done.rows_kept == ROWS
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_samples_fetched_as_one_batch_are_collated(tmp_path: Path, workers: int) -> None:
+    """A DataLoader with batch_size=None over a BatchSampler asks the Deferred for a whole
+    batch of samples at once (``data[[3, 7, …]]``), as it may a TensorDataset: it gets
+    them collated as a batch, and the cache answers each row of its sample. It failed
+    with "'list' object cannot be interpreted as an integer"."""
+    pictures = images(7)
+    data = Deferred(pictures, torch.arange(ROWS), version="toy@7")
+    sampler = BatchSampler(RandomSampler(data), batch_size=16, drop_last=False)
+    loader = DataLoader(data, sampler=sampler, batch_size=None, num_workers=workers)
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    for _ in range(2):
+        for rows, labels in loader:
+            assert isinstance(rows, DeferredRows)
+            with torch.no_grad():
+                assert torch.allclose(cached(rows), cached.module(pictures[labels]), atol=1e-6)
+    assert cached.stats.computed == ROWS and cached.stats.recalled == ROWS
 
 
 def test_prefill_takes_deferred_rows_at_a_dicts_x(tmp_path: Path) -> None:
