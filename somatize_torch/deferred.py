@@ -129,6 +129,8 @@ class Deferred(Dataset[Any]):
                 f"version= names this dataset's content (its digest, say), as a string; got "
                 f"{value!r}"
             )
+        if value != getattr(self, "_version", value):
+            self._forget_answered()  # its rows were answered under the version before
         self._version: str | None = value
 
     @property
@@ -140,7 +142,15 @@ class Deferred(Dataset[Any]):
 
     @inputs.setter
     def inputs(self, value: Any) -> None:
+        count = getattr(self, "_count", None)
+        if count is not None and _length(value) != f"of length {count}":
+            raise ValueError(
+                f"inputs given to a Deferred anew are indexed as those before, with what is "
+                f"handed out beside them: {count} samples, got inputs {_length(value)}. For "
+                "data of another length make a new Deferred (and a DataLoader over it)"
+            )
         self._inputs = value
+        self._forget_answered()  # its rows were answered for the inputs before
         self._moved()
         self._inputs_from = self.generation  # inputs that came from a generation before are not its
 
@@ -152,6 +162,15 @@ class Deferred(Dataset[Any]):
         tells inputs that came with them from a Deferred as it was from inputs loaded from
         it as it is (:func:`~somatize_torch._row_keys.given_holds`)."""
         self.generation += 1
+
+    def _forget_answered(self) -> None:
+        """Marks no sample answered (in place: workers share the flags), so workers load
+        their inputs with them again: the rows answered were of other data. (Not where the
+        cache lending its version is given another: Lightning's callback switches it at
+        every stage, and back.)"""
+        answered = getattr(self, "answered", None)  # none yet while it is made
+        if answered is not None:
+            answered.fill_(False)
 
     def __len__(self) -> int:
         return self._count

@@ -364,6 +364,45 @@ def test_samples_fetched_as_one_batch_are_collated(tmp_path: Path, workers: int)
     assert cached.stats.computed == ROWS and cached.stats.recalled == ROWS
 
 
+@pytest.mark.parametrize("change", ["inputs", "version"])
+def test_a_loader_made_after_the_data_changed_has_its_workers_load_again(
+    tmp_path: Path, change: str
+) -> None:
+    """Once a Deferred's data changed (given other inputs, or a new version), no sample
+    is answered for it: a
+    DataLoader made after has its workers load every input with its sample again, as the
+    docs say. The flags of the old data stayed, so no input came with its sample and the
+    loop loaded each itself, one batch at a time."""
+    old, new = images(8), images(9)
+    data = Deferred(old.clone(), version="d@1")
+    cached = cache_rows(encoder(), tmp_path, key="index", version="c@1")
+    for rows in DataLoader(data, batch_size=16, num_workers=2):
+        cached(rows)
+    assert bool(data.answered.all())
+    if change == "inputs":
+        data.inputs, data.version = new, "d@2"
+    else:
+        data.inputs.copy_(new)  # changed in place
+        data.version = "d@2"
+    came = 0
+    for rows in DataLoader(data, batch_size=16, shuffle=True, num_workers=2):
+        came += len(rows.given_at)
+        with torch.no_grad():
+            assert torch.allclose(cached(rows), cached.module(new[rows.index]), atol=1e-6)
+    assert came == ROWS and cached.stats.computed == 2 * ROWS
+
+
+def test_inputs_of_another_length_given_anew_are_refused(tmp_path: Path) -> None:
+    """Inputs given to a Deferred anew are of its length, as what is handed out beside
+    them is: more were never handed out (an epoch skipped them), fewer failed with
+    torch's IndexError deep in the loader."""
+    data = Deferred(images(8), torch.arange(ROWS), version="d@1")
+    for length in (ROWS + 8, ROWS - 8):
+        with pytest.raises(ValueError, match=rf"{ROWS} samples, got inputs of length {length}"):
+            data.inputs = images(9, rows=length)
+    assert len(data.inputs) == ROWS and data.generation == 1
+
+
 def test_prefill_takes_deferred_rows_at_a_dicts_x(tmp_path: Path) -> None:
     """A loader of dicts whose ``x`` is deferred rows (a ``StackDataset(x=Deferred(...),
     y=labels)``) is prefilled, every row kept, as a dict's ``x`` tensor is. It was refused
