@@ -60,7 +60,7 @@ import operator
 import secrets
 import weakref
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch.utils.data import Dataset, default_collate
@@ -314,6 +314,20 @@ class Row:
     def __repr__(self) -> str:
         loaded = ", loaded" if self.value is not None else ""
         return f"Row({self.index} of {self.source}{loaded})"
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> NoReturn:
+        """Refuses a torch function handed rows (``torch.stack`` of them, in a
+        ``collate_fn`` of one's own), saying how to collate them: torch would only say it
+        expected a tensor."""
+        raise TypeError(
+            f"`torch.{getattr(func, '__name__', func)}` was handed the `Row`s a Deferred "
+            "hands out, one per sample: its index, and its input only while no cache has "
+            "answered it. Collate them with `torch.utils.data.default_collate(rows)`, which "
+            "makes them one `DeferredRows` for the cache, in a collate_fn of your own too"
+        )
 
 
 class DeferredRows:

@@ -403,6 +403,22 @@ def test_inputs_of_another_length_given_anew_are_refused(tmp_path: Path) -> None
     assert len(data.inputs) == ROWS and data.generation == 1
 
 
+def test_rows_stacked_in_a_collate_of_ones_own_are_refused_saying_how_to_collate() -> None:
+    """A collate_fn of one's own that stacks a Deferred's samples (``torch.stack(xs)``)
+    is refused saying to collate them with ``default_collate``, which makes the batch
+    the cache takes; torch said only that it expected a tensor and got a Row."""
+    data = Deferred(images(7), torch.arange(ROWS), version="toy@7")
+
+    def stacked(samples: list[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, labels = zip(*samples, strict=True)
+        return torch.stack(inputs), torch.tensor(labels)
+
+    with pytest.raises(TypeError, match=r"torch\.stack.*`Row`s.*default_collate\(rows\)"):
+        next(iter(DataLoader(data, batch_size=4, collate_fn=stacked)))
+    rows, labels = next(iter(DataLoader(data, batch_size=4)))
+    assert isinstance(rows, DeferredRows) and labels.tolist() == [0, 1, 2, 3]
+
+
 def test_prefill_takes_deferred_rows_at_a_dicts_x(tmp_path: Path) -> None:
     """A loader of dicts whose ``x`` is deferred rows (a ``StackDataset(x=Deferred(...),
     y=labels)``) is prefilled, every row kept, as a dict's ``x`` tensor is. It was refused
