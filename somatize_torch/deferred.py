@@ -56,6 +56,7 @@ never keeps what the old data answers.
 from __future__ import annotations
 
 import copy
+import numbers
 import operator
 import secrets
 import weakref
@@ -510,7 +511,7 @@ def _stacked(values: list[Any], indices: Sequence[int]) -> Any:
     tokenizer answers them), which it would not make one batch tensor of."""
     kinds: dict[tuple[Any, tuple[int, ...]], int] = {}
     for value, index in zip(values, indices, strict=True):
-        if isinstance(value, (list, tuple, dict)) and _holds_arrays(value):
+        if isinstance(value, (list, tuple, dict)) and _holds_parts(value):
             raise NotLoadable(_whole_samples(value, index))
         if isinstance(value, (list, tuple)):
             raise NotLoadable(
@@ -533,11 +534,21 @@ def _stacked(values: list[Any], indices: Sequence[int]) -> Any:
     return default_collate(values)
 
 
-def _holds_arrays(value: list[Any] | tuple[Any, ...] | dict[Any, Any]) -> bool:
-    """Whether ``value`` holds a tensor or NumPy array: a whole sample (an input beside its
-    label), not one input (token ids)."""
+def _holds_parts(value: list[Any] | tuple[Any, ...] | dict[Any, Any]) -> bool:
+    """Whether ``value`` holds a part of a whole sample (:func:`_is_part`): an input beside
+    its label, not one input (token ids)."""
     items = value.values() if isinstance(value, dict) else value
-    return any(_is_array(v) for v in items)
+    return any(_is_part(v) for v in items)
+
+
+def _is_part(value: Any) -> bool:
+    """Whether ``value``, an item of what a Deferred's inputs hand out, is a part of a
+    whole sample: an array of one or more dimensions (an image, a text's token ids), or an
+    object not read as one (a PIL image). A number, a 0-d tensor among them, is one token
+    id; a string or a list may be tokens too."""
+    if _is_array(value):
+        return bool(value.ndim)
+    return not isinstance(value, (numbers.Number, str, list, tuple))
 
 
 def _is_array(value: Any) -> bool:
@@ -549,11 +560,11 @@ def _whole_samples(value: list[Any] | tuple[Any, ...] | dict[Any, Any], index: i
     `ImageFolder`, a Hugging Face dataset) is refused, and what to hand it."""
     if isinstance(value, dict):
         held = f"a `dict` of {sorted(map(str, value))}"
-        part = next(f"data[i][{k!r}]" for k, v in value.items() if _is_array(v))
+        part = next(f"data[i][{k!r}]" for k, v in value.items() if _is_part(v))
     else:
         count = f"{len(value)} item" + ("s" if len(value) != 1 else "")
         held = f"a `{type(value).__name__}` of {count}"
-        part = next(f"data[i][{k}]" for k, v in enumerate(value) if _is_array(v))
+        part = next(f"data[i][{k}]" for k, v in enumerate(value) if _is_part(v))
     return (
         f"the inputs of a Deferred are one tensor per sample, the module's input alone; "
         f"sample {index} is {held}, a whole sample (an input beside its label, as a "

@@ -652,6 +652,19 @@ def test_an_input_unlike_the_first_is_refused(tmp_path: Path) -> None:
     assert cached.stats.rows_kept == 8
 
 
+def refused_as_loaded(data: Deferred, module: nn.Module, said: str, tmp_path: Path) -> None:
+    """Checks that the inputs of ``data``'s first four samples are refused with a message
+    matching ``said`` both as a DataLoader collates them and as a cache of ``module``
+    loads them, nothing computed."""
+    with pytest.raises(NotLoadable, match=said):
+        next(iter(DataLoader(data, batch_size=4)))
+    cached = cache_rows(module, tmp_path, key="index")
+    with pytest.raises(NotLoadable, match=said):
+        cached(DeferredRows(data.name, torch.arange(4), data.version, torch.device("cpu")))
+    assert cached.stats.computed == 0
+    cached.close()
+
+
 @pytest.mark.parametrize("kind", ["tensor", "numpy", "list"])
 def test_inputs_of_varying_shape_in_one_batch_are_refused_naming_them(
     tmp_path: Path, kind: str
@@ -672,13 +685,7 @@ def test_inputs_of_varying_shape_in_one_batch_are_refused_naming_them(
         if kind != "list"
         else r"one tensor per sample.*sample 0 is a `list`.*torch\.tensor\(ids\)"
     )
-    with pytest.raises(NotLoadable, match=said):
-        next(iter(DataLoader(data, batch_size=4)))
-    cached = cache_rows(nn.Embedding(8, 2), tmp_path, key="index")
-    with pytest.raises(NotLoadable, match=said):
-        cached(DeferredRows(data.name, torch.arange(4), "texts@1", torch.device("cpu")))
-    assert cached.stats.computed == 0
-    cached.close()
+    refused_as_loaded(data, nn.Embedding(8, 2), said, tmp_path)
 
 
 @pytest.mark.parametrize("kind", ["tuple", "dict"])
@@ -698,13 +705,35 @@ def test_a_dataset_of_whole_samples_is_refused_saying_to_hand_the_input_alone(
     data = Deferred(samples, version="whole@1")
     part = r"data\[i\]\[0\]" if kind == "tuple" else r"data\[i\]\['pixel_values'\]"
     said = rf"sample 0 is a `{kind}`.*input alone \(`{part}`\).*Deferred\(inputs, labels"
+    refused_as_loaded(data, encoder(), said, tmp_path)
+
+
+class Picture:
+    """An image not read as an array yet, as an `ImageFolder` without a transform hands
+    out (a PIL image)."""
+
+
+@pytest.mark.parametrize("kind", ["tensor", "numpy"])
+def test_token_ids_as_scalars_are_not_taken_for_whole_samples(tmp_path: Path, kind: str) -> None:
+    """Token ids held one scalar each (``list(torch.tensor(ids))``) are one input, not a
+    whole sample: they are refused saying to read them as one tensor, as a list of ints
+    is. They were refused as a sample beside its label, saying to hand the Deferred
+    ``data[i][0]``, the first token alone."""
+    scalar = torch.tensor if kind == "tensor" else np.int64
+    texts = [[scalar(t) for t in range(1, 5)] for _ in range(8)]
+    data = Deferred(texts, version="ids@1")
+    said = r"sample 0 is a `list`: have the Deferred read each as a tensor"
+    refused_as_loaded(data, nn.Embedding(8, 2), said, tmp_path)
+
+
+def test_an_image_beside_its_label_not_read_as_an_array_is_a_whole_sample() -> None:
+    """An `ImageFolder` without a transform hands ``(image, label)`` with the image not
+    an array: it is refused as a whole sample, naming where the input is, as the docs
+    say. It was refused saying to read token ids as a tensor."""
+    data = Deferred([(Picture(), i % 3) for i in range(8)], version="folder@1")
+    said = r"sample 0 is a `tuple` of 2 items, a whole sample.*input alone \(`data\[i\]\[0\]`\)"
     with pytest.raises(NotLoadable, match=said):
         next(iter(DataLoader(data, batch_size=4)))
-    cached = cache_rows(encoder(), tmp_path, key="index")
-    with pytest.raises(NotLoadable, match=said):
-        cached(DeferredRows(data.name, torch.arange(4), "whole@1", torch.device("cpu")))
-    assert cached.stats.computed == 0
-    cached.close()
 
 
 @pytest.mark.gpu
