@@ -42,6 +42,7 @@ from datetime import datetime
 from typing import Any
 
 from somatize.store._bucket_requests import _READ_AT_ONCE, BucketRequests, _under_copies
+from somatize.store._compact import Compacted
 from somatize.store._local_upkeep import (
     _LAID_OUT,
     _SHARDED,
@@ -160,6 +161,12 @@ class BucketShelf(BucketRequests):
         done.abandoned += aborted + left
         done.freed += freed + left_bytes
         return done
+
+    def compact(self, *, grace: float = 60.0) -> Compacted:
+        refused = self._only_read("compact")
+        if refused is not None:
+            raise refused
+        return super().compact(grace=grace)
 
     def _put_back_left_aside(self) -> tuple[int, int]:
         """Puts back each blob a gc stopped between its delete and its put-back (killed,

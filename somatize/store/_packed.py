@@ -68,6 +68,7 @@ import blake3
 
 from somatize._threads import hash_threads
 from somatize.store import records
+from somatize.store._compact import Compacted, compact
 from somatize.store.base import (
     Answer,
     Buffer,
@@ -1298,6 +1299,14 @@ class PackedHome(Spills, Store):
         result = collect(self, max_bytes, grace, progress)
         self._collected(grace)
         return result
+
+    def compact(self, *, grace: float = 60.0) -> Compacted:
+        """Merges small packs into packs of up to :data:`~somatize.store.records.PACK_BYTES`
+        (their blob, then their signed index), then removes the index of each pack a newer
+        one replaces once that one is older than ``grace`` seconds; a gc removes their blobs.
+        Every row stays readable whenever it stops (see :mod:`somatize.store._compact`)."""
+        self._refuse_unmarked("compact")
+        return compact(self, grace)
 
     def _store_kind(self) -> str | None:
         """What the store's root holds (:func:`~somatize.store.base.store_kind`)."""

@@ -691,14 +691,17 @@ def index_pack(
     codec: str,
     fingerprint: str | None,
     entries: bytes | None = None,
+    created: float | None = None,
 ) -> PackIndex:
     """Publishes the index of a pack whose blob ``blob`` holds the items under ``keys`` end
     to end (``lengths`` bytes each; ``entries``, where given, made of them by
     :func:`pack_entries`); called while the blob is claimed, before a gc of this object
-    may take it."""
+    may take it. It is stamped ``created``, or now where None (just after any answer this
+    object knows for ``keys``, where that one is stamped later)."""
     offsets = list(itertools.accumulate(lengths, initial=0))
     size = offsets.pop()
-    created = home._created_after(keys, time.time())
+    if created is None:
+        created = home._created_after(keys, time.time())
     pack_id, index = encode_pack(
         blob, size, codec, fingerprint, created, keys, offsets, lengths, home.signer, entries
     )
