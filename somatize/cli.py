@@ -5,6 +5,7 @@
     somatize store ls      [--store PATH_OR_URL]      answers, packs and names, and their bytes
     somatize store du      [--store PATH_OR_URL]      files and bytes per section
     somatize store gc      [--store …] [--max-bytes SIZE] [--grace SECONDS]
+    somatize store compact [--store …] [--grace SECONDS]
     somatize store verify  [--store …] [--quarantine]
     somatize store show KEY_OR_NAME [--store …]
 
@@ -36,6 +37,7 @@ from typing import Any, TextIO
 
 from somatize.errors import SomatizeError
 from somatize.store import BucketStore, LocalStore, StoreError
+from somatize.store._compact import Compacted
 from somatize.store.base import Answer, Corrupt, Missing, NewerFormat, check_digest, check_name
 from somatize.store.bucket import _anchored, file_path
 from somatize.store.local import _holds_store
@@ -135,6 +137,7 @@ _LEFT_AS_IT_WAS = {
     "ls": "nothing is listed",
     "du": "nothing is measured",
     "gc": "nothing was changed there: what lies there is not a store's to collect",
+    "compact": "nothing was changed there: what lies there is not a store's to compact",
     "verify": "nothing is checked, and nothing was changed there",
     "show": "nothing is shown",
 }
@@ -404,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parts = parser.add_subparsers(dest="area", required=True, metavar="{store}")
     store_parser = parts.add_parser("store", help="look after a store")
     commands = store_parser.add_subparsers(
-        dest="command", required=True, metavar="{ls,du,gc,verify,show}"
+        dest="command", required=True, metavar="{ls,du,gc,compact,verify,show}"
     )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -419,6 +422,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     gc.add_argument("--max-bytes", type=parse_size, default=None, help="keep at most this much")
     gc.add_argument(
         "--grace", type=float, default=60.0, help="spare unreferenced files younger than this (s)"
+    )
+    compact = commands.add_parser(
+        "compact", parents=[common], help="merge small packs into large ones"
+    )
+    compact.add_argument(
+        "--grace",
+        type=float,
+        default=60.0,
+        help="remove a replaced pack once its replacement is this old (s)",
     )
     verify = commands.add_parser("verify", parents=[common], help="re-hash and check everything")
     verify.add_argument("--quarantine", action="store_true", help="move what is damaged aside")
@@ -501,7 +513,7 @@ def _store_named(parser: argparse.ArgumentParser, words: list[str], word: str) -
     return None
 
 
-_COMMANDS = ("ls", "du", "gc", "verify", "show")
+_COMMANDS = ("ls", "du", "gc", "compact", "verify", "show")
 
 
 def _parsed(
@@ -528,6 +540,21 @@ def _stop_writing(out: Any) -> None:
         pass  # not a file of this process (a test's capture): nothing is flushed to it
 
 
+def _say_compacted(done: Compacted, grace: float, out: Any) -> None:
+    """Says what a compaction did, and what waits for the grace."""
+    print(
+        f"merged {done.merged} packs into {done.written}, removed {done.removed} packs "
+        "newer ones replace (a gc removes their blobs)",
+        file=out,
+    )
+    if done.waiting:
+        print(
+            f"{done.waiting} replaced packs are left until their replacement is older than "
+            f"--grace {grace:g}s: compact again then",
+            file=out,
+        )
+
+
 def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
     """Runs the command ``args`` name; its exit status."""
     store: LocalStore | BucketStore | None = None
@@ -552,6 +579,8 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
                 file=out,
             )
             _say_held_for_names(done, out)
+        elif args.command == "compact":
+            _say_compacted(store.compact(grace=args.grace), args.grace, out)
         elif args.command == "verify":
             found = store.verify(quarantine=args.quarantine, progress=bar)
             print(

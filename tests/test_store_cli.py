@@ -843,7 +843,7 @@ def test_python_m_somatize_is_the_command(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("given", "wanted"), [([], "{store}"), (["store"], "{ls,du,gc,verify,show}")]
+    ("given", "wanted"), [([], "{store}"), (["store"], "{ls,du,gc,compact,verify,show}")]
 )
 def test_a_missing_command_is_named_by_what_may_be_given(
     capsys: pytest.CaptureFixture[str], given: list[str], wanted: str
