@@ -226,6 +226,18 @@ def test_a_pack_whose_blob_is_gone_is_not_merged(tmp_path: Path) -> None:
     assert _recalled(fresh, rest) == rest
 
 
+def test_a_signed_store_compacts_into_a_signed_pack(tmp_path: Path) -> None:
+    """The merged pack's index is signed with the store's key: a store opened with the
+    key recalls every row from it, and verify finds nothing wrong."""
+    store = LocalStore(tmp_path, signing_key="the key")
+    kept = _kept_in_batches(store)
+    assert store.compact(grace=0).written == 1
+    store.gc(grace=0)
+    assert len(_packs(tmp_path)) == 1
+    assert _recalled(LocalStore(tmp_path, signing_key="the key"), kept) == kept
+    assert LocalStore(tmp_path, signing_key="the key").verify().ok
+
+
 def test_compaction_refuses_a_negative_grace(tmp_path: Path) -> None:
     """A grace that is not finite seconds from 0 is refused, saying what it is for."""
     store = LocalStore(tmp_path)

@@ -5,6 +5,7 @@ homes share one interface: a local directory (``Store(path)``) and a bucket
 (``Store.on_bucket("s3://bucket/prefix")``).
 """
 
+from somatize.store._compact import Compacted
 from somatize.store.base import (
     Answer,
     BadAddress,
@@ -31,6 +32,7 @@ __all__ = [
     "BadName",
     "BucketStore",
     "Collected",
+    "Compacted",
     "Corrupt",
     "Damage",
     "JoinedWrite",

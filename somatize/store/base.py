@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from somatize.errors import SomatizeError
 
 if TYPE_CHECKING:
+    from somatize.store._compact import Compacted
     from somatize.store.upkeep import Collected, Progress, Verified
 
 __all__ = [
@@ -762,6 +763,13 @@ class Store(abc.ABC):
         they point at; while a name cannot be read (or fails its check), no blob that
         nothing else refers to is removed, and the result says which names
         (:attr:`Collected.unread_names`)."""
+
+    @abc.abstractmethod
+    def compact(self, *, grace: float = 60.0) -> Compacted:
+        """Merges small packs into large ones, published whole before any small one is
+        removed; removes a small pack once the pack replacing it is older than ``grace``
+        seconds (a later gc removes its blob). Every kept row is recalled whenever it stops,
+        and the newest answer to each key is still the one served."""
 
     @abc.abstractmethod
     def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:
