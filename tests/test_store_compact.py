@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 from somatize.cli import main
-from somatize.store import BucketStore, LocalStore, Missing, Store, StoreError
+from somatize.store import (
+    BucketStore,
+    KeyMismatch,
+    LocalStore,
+    Missing,
+    Store,
+    StoreError,
+)
 from somatize.store.records import PackIndex
 from tests.conftest_s3 import s3_options, s3_url
 
@@ -236,6 +243,16 @@ def test_a_signed_store_compacts_into_a_signed_pack(tmp_path: Path) -> None:
     assert len(_packs(tmp_path)) == 1
     assert _recalled(LocalStore(tmp_path, signing_key="the key"), kept) == kept
     assert LocalStore(tmp_path, signing_key="the key").verify().ok
+
+
+def test_a_signed_store_is_not_compacted_without_its_key(tmp_path: Path) -> None:
+    """Opened without the key, a signed store refuses to compact (its merged pack would be
+    unsigned, which readers with the key refuse) and changes nothing."""
+    _kept_in_batches(LocalStore(tmp_path, signing_key="the key"))
+    before = _packs(tmp_path)
+    with pytest.raises(KeyMismatch, match="Compact with the store's key"):
+        LocalStore(tmp_path).compact(grace=0)
+    assert _packs(tmp_path) == before
 
 
 def test_compaction_refuses_a_negative_grace(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ both; otherwise the small packs go at a run after the grace.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Iterable, Sequence
@@ -34,7 +35,15 @@ from typing import Protocol
 
 from somatize._numbers import finite
 from somatize.store.base import Buffer, Corrupt, Missing, NewerFormat, StoreError
-from somatize.store.records import PACK_BYTES, PackIndex, _Packing, decode_pack, index_pack
+from somatize.store.records import (
+    KEY_VARIABLE,
+    PACK_BYTES,
+    KeyMismatch,
+    PackIndex,
+    _Packing,
+    decode_pack,
+    index_pack,
+)
 from somatize.store.upkeep import Entry, _laid_out, blob_digest
 
 __all__ = ["Compacted", "compact"]
@@ -91,6 +100,13 @@ class _Packs:
             data = found.get(pack_id[7:])
             if data is None:
                 continue
+            if home.signer is None and _signed(data):
+                raise KeyMismatch(
+                    f"nothing was compacted: pack index {pack_id} is signed, and this store "
+                    "object holds no key: the packs it wrote would be unsigned, which the "
+                    f"store's readers refuse. Compact with the store's key (in {KEY_VARIABLE} "
+                    "or as `signing_key=`)"
+                )
             try:
                 self.trusted[pack_id] = decode_pack(pack_id, data, home.signer)
             except NewerFormat as why:
@@ -110,6 +126,15 @@ class _Packs:
     def whole(self, pack: PackIndex) -> bool:
         """Whether the blob of ``pack`` is there, as large as its index says."""
         return self.blobs.get(pack.blob) == pack.size
+
+
+def _signed(index: bytes) -> bool:
+    """Whether pack ``index`` says it carries a signature (its header, nothing checked)."""
+    try:
+        header = json.loads(index.partition(b"\n")[0])
+    except (ValueError, RecursionError):
+        return False
+    return isinstance(header, dict) and header.get("signed") is True
 
 
 def compact(home: _Compacting, grace: float) -> Compacted:
