@@ -21,7 +21,9 @@ loses nothing:
    large one.
 
 Both steps run at each compaction, removal after merging: with ``grace=0`` one run does
-both; otherwise the small packs go at a run after the grace.
+both; otherwise the small packs go at a run after the grace. A signed store is compacted
+only with its key: without it, what the merge wrote would be unsigned, and the readers
+would take its rows for absent once the small packs are gone.
 """
 
 from __future__ import annotations
