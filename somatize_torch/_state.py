@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import json
 import operator
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, NamedTuple
@@ -39,6 +40,7 @@ from torch import nn
 from somatize.catalog import objects_read
 from somatize_torch._settings import _TORCH_OWN, _same_items, stood_for
 from somatize_torch._sharding import Originals, sharded_sources, sources_changed
+from somatize_torch.codec import memory_order
 from somatize_torch.digest import digest_named
 
 __all__ = [
@@ -338,7 +340,21 @@ def digest_state(module: nn.Module, read: Sequence[Read] = ()) -> str:
             f"a `{type(module).__name__}`; for named tensors, a `state_dict()`, use "
             "`digest_named(tensors)`"
         )
-    return digest_named(_state_tensors(module, read), "state")
+    tensors = _state_tensors(module, read)
+    return digest_named(tensors, _state_kind(tensors))
+
+
+def _state_kind(tensors: dict[str, torch.Tensor]) -> str:
+    """What the state is named as: ``state``, plus the order in memory of each tensor
+    laid out in another order of its dims than C order. A kernel picks its path by its
+    weights' layout too (a conv whose weights are channels_last answers channels_last,
+    and may round otherwise), so a module converted so
+    (``model.to(memory_format=torch.channels_last)``) recalls none of the answers of its
+    weights in C order. A state all in C order keeps the digest it always had."""
+    orders = {name: order for name, t in tensors.items() if (order := memory_order(t))}
+    if not orders:
+        return "state"
+    return "state laid out " + json.dumps(orders, sort_keys=True)
 
 
 class StateWatch:

@@ -2351,6 +2351,33 @@ def test_a_batch_laid_out_channels_last_is_keyed_apart_from_the_same_batch_in_c_
     assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2, "recalled": 2}
 
 
+def test_a_model_laid_out_channels_last_after_freezing_recalls_no_answer_of_its_c_order_weights(
+    store: Store,
+) -> None:
+    """A conv whose weights are channels_last answers channels_last (and may round
+    otherwise), whatever its input's layout: a model converted so after freezing
+    (`model.to(memory_format=torch.channels_last)`) computes and keeps its own answers,
+    strides and bits, rather than recall those of its weights in C order; converted back,
+    it recalls those again."""
+    torch.manual_seed(0)
+    model = nn.Conv2d(8, 16, 3, padding=1)
+    wrapped = smt.wrap(model, frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 8, 6, 6)
+    with torch.no_grad():
+        wrapped(x)
+        wrapped.to(memory_format=torch.channels_last)
+        truth = model(x)
+        assert truth.is_contiguous(memory_format=torch.channels_last)
+        for _ in range(2):
+            out = wrapped(x)
+            assert out.stride() == truth.stride()
+            assert torch.equal(out, truth)
+        wrapped.to(memory_format=torch.contiguous_format)
+        assert wrapped(x).is_contiguous()
+    assert wrapped.counts["conv2d"] == {"ran": 2, "kept": 2, "recalled": 2}
+
+
 def test_a_cached_module_handed_a_meta_tensor_is_refused_saying_so(store: Store) -> None:
     """A tensor on the meta device (one a shape is worked out with) holds no values to key
     a call by: the call is refused naming the module and the argument, not stopped by
