@@ -940,6 +940,26 @@ def _takes(kind: str, got: str) -> str:
     return f"`{kind}=` takes {takes}; {got}"
 
 
+def _refuse_wrapped_parts(model: nn.Module, declared: list[str]) -> None:
+    """Refuses a submodule that is a wrapped model itself (an encoder wrapped on its own,
+    put into a larger model) unless it is declared, or inside a declared one: fx would
+    trace into it, through the machinery that calls its parts, and fail with a message
+    about that machinery rather than about the model. Declared, it is called whole, and
+    answers as it does on its own."""
+    for name, part in model.named_modules():
+        if not name or not isinstance(part, Wrapped):
+            continue
+        if any(name == one or not one or name.startswith(one + ".") for one in declared):
+            continue
+        raise WrapError(
+            f"`{name}` is a wrapped model already (made by `somatize.torch.wrap`), and is "
+            f'not declared, so it would be traced into: declare it (`frozen=["{name}"]`, '
+            "and `cached=` too to keep its answers), so it is called whole; or put the "
+            "plain module inside it (`wrapped.model`) in its place, and wrap the larger "
+            "model once, declaring every submodule there"
+        )
+
+
 def wrap(
     model: nn.Module,
     *,
@@ -985,6 +1005,7 @@ def wrap(
                 f"`{name}` is declared inside `{inside[0]}`, which is declared too: a declared "
                 "submodule is one node, never traced into. Declare one or the other"
             )
+    _refuse_wrapped_parts(model, declared)
     if "" in declared:
         return _strict(_whole(model, frozen_names, cached_names, store), strict)
 

@@ -997,6 +997,30 @@ def test_a_wrapped_model_wrapped_again_says_to_wrap_the_model_once(store: Store)
     assert torch.allclose(wrapped(x), model(x))
 
 
+def test_a_wrapped_part_left_undeclared_is_refused_naming_it_and_declared_answers_as_alone(
+    store: Store, tmp_path: Path
+) -> None:
+    """An encoder wrapped on its own and put into a larger model was traced into when the
+    larger one was wrapped without declaring it, and refused as fx failing inside the
+    machinery that calls its parts, which named neither the part nor what to do. It is
+    refused naming it and saying to declare it; declared, it is called whole and keeps
+    its own answers in its own store."""
+    model = _model()
+    inner = smt.wrap(model.encoder, frozen=True, cached=True, store=tmp_path / "inner")
+    smt.freeze(inner)
+    model.encoder = inner  # type: ignore[assignment]
+    for frozen in ([], ["head"], ["encoder.linear"]):
+        with pytest.raises(smt.WrapError, match=r"`encoder` is a wrapped model already .*declare"):
+            smt.wrap(model, frozen=frozen, cached=frozen, store=store)
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 6)
+    with torch.no_grad():
+        assert torch.allclose(wrapped(x), wrapped.model(x))
+        wrapped(x)
+    assert inner.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 2}
+
+
 def test_declarations_are_checked() -> None:
     """Unknown names, cached-but-not-frozen, nesting and uncalled submodules are refused."""
     with pytest.raises(smt.UnknownSubmodule, match="`encodr` in frozen= is not a submodule"):
