@@ -575,6 +575,12 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
             self._state = state
             self._node._smz.state = state
             _drop_keyings(self)
+            # How the module lays out its answers may have changed with its weights' own
+            # layout (converted to channels_last, or back): learned again.
+            # Each table is emptied in place: a forward holds the one of its input's layout.
+            with self._tiers_lock:
+                for orders in self._orders.values():
+                    orders.clear()
             # What it keeps beside its weights, watched from here: the batch computed
             # next is kept unless its forward changes that (_rowwise._still_keyed).
             self._node.declaration_moved()

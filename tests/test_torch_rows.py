@@ -3896,6 +3896,31 @@ def test_a_part_added_after_wrapping_keys_rows_anew(store: Store) -> None:
     cached.close()
 
 
+def test_a_module_converted_to_channels_last_through_the_cache_keys_rows_anew(
+    store: Store,
+) -> None:
+    """A conv whose weights are channels_last answers channels_last (and may round
+    otherwise): rows kept for its weights in C order are not recalled once it is converted
+    (`cached.to(memory_format=torch.channels_last)`), from memory or the store; they are
+    computed in its layout, and recalled again once it is converted back."""
+    torch.manual_seed(0)
+    module = nn.Conv2d(8, 16, 3, padding=1)
+    cached = cache_rows(module, store)
+    x = torch.randn(4, 8, 6, 6)
+    cached(x)
+    cached.to(memory_format=torch.channels_last)
+    truth = expected(module, x)
+    assert truth.is_contiguous(memory_format=torch.channels_last)
+    for _ in range(2):
+        out = cached(x)
+        assert out.stride() == truth.stride()
+        assert torch.equal(out, truth)
+    cached.to(memory_format=torch.contiguous_format)
+    assert cached(x).is_contiguous()
+    assert (cached.stats.computed, cached.stats.recalled) == (8, 8)
+    cached.close()
+
+
 def test_a_module_unfrozen_then_converted_is_still_refused() -> None:
     """A conversion through the wrapper drops its watch; a parameter made to require grad
     before it is found all the same, not taken as the new way things are."""
