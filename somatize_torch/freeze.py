@@ -374,6 +374,12 @@ def hold(module: nn.Module) -> None:
         if asked is not None:
             held.asked, held.last[asked[1]] = asked, asked[0]
         object.__setattr__(module, "train", held)
+    _hold_parts(module)
+
+
+def _hold_parts(module: nn.Module) -> None:
+    """Records each mode asked of a part of held ``module`` that does not yet (one put in
+    since it was held included), for :class:`AsFound` to put back."""
     for part in module.modules():
         if part is not module and "train" not in part.__dict__:
             object.__setattr__(part, "train", _Asked(part))
@@ -601,9 +607,17 @@ def keep_held(name: str, module: nn.Module) -> None:
 
 def check_still(name: str, module: nn.Module) -> None:
     """Warns (:class:`StillChanging`) and puts back in eval any part of a frozen module
-    found in train mode, before it runs."""
-    moving = [part for part, sub in module.named_modules() if sub.training]
+    found in train mode, before it runs. A part put in since the module was held
+    (``encoder.norm = nn.BatchNorm1d(5)``, made in train mode) was put in train mode by
+    nobody: it is put in eval with the rest, without a warning."""
+    training = [(part, sub) for part, sub in module.named_modules() if sub.training]
+    if not training:
+        return
+    moving = [part for part, sub in training if "train" in vars(sub)]
+    if len(moving) < len(training):
+        _hold_parts(module)  # those put in since: a mode asked of them later is warned of
     if not moving:
+        _in_eval(module)
         return
     shown = ", ".join(f"`{p}`" if p else "the module itself" for p in moving[:5])
     more = f" and {len(moving) - 5} more" if len(moving) > 5 else ""

@@ -3617,6 +3617,35 @@ def test_a_part_of_a_cached_module_without_a_store_put_in_train_mode_warns(whole
     assert torch.equal(again, first)
 
 
+@pytest.mark.parametrize("stored", [True, False], ids=["store", "no-store"])
+def test_a_part_put_in_place_of_another_is_held_in_eval_without_a_warning(
+    store: Store, stored: bool
+) -> None:
+    """A part put in place of one of a frozen, cached submodule after freezing
+    (``model.encoder.norm = nn.BatchNorm1d(5)``, made in train mode) is new weights, not
+    a part put in train mode: it is held in eval with the rest at the next call, which
+    warned that something had called ``.train()`` on it. Put in train mode directly after,
+    it warns as any part does."""
+    wrapped = smt.wrap(
+        _model(), frozen=["encoder"], cached=["encoder"], store=store if stored else None
+    )
+    smt.freeze(wrapped)
+    model = wrapped.model
+    x = torch.randn(3, 6)
+    wrapped(x)
+    model.encoder.norm = nn.BatchNorm1d(5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = wrapped(x)
+    assert not model.encoder.norm.training
+    assert torch.equal(model.encoder.norm.running_mean, torch.zeros(5))
+    with torch.no_grad():
+        assert torch.equal(out, model(x))
+    model.encoder.norm.train()
+    with pytest.warns(smt.StillChanging, match="`norm`.*train mode"):
+        wrapped(x)
+
+
 # ------------------------------------------------------------------ parts replaced after wrap
 
 
