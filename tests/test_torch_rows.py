@@ -57,6 +57,7 @@ from tests.decoding import NotesWidth
 from tests.drawing import AttendsBeside, DrawnBeside
 from tests.forked import in_forked_child
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
+from tests.layouts import answers_as_its_weights_are_laid_out
 
 
 def encoder(seed: int = 0) -> nn.Module:
@@ -3906,17 +3907,7 @@ def test_a_module_converted_to_channels_last_through_the_cache_keys_rows_anew(
     torch.manual_seed(0)
     module = nn.Conv2d(8, 16, 3, padding=1)
     cached = cache_rows(module, store)
-    x = torch.randn(4, 8, 6, 6)
-    cached(x)
-    cached.to(memory_format=torch.channels_last)
-    truth = expected(module, x)
-    assert truth.is_contiguous(memory_format=torch.channels_last)
-    for _ in range(2):
-        out = cached(x)
-        assert out.stride() == truth.stride()
-        assert torch.equal(out, truth)
-    cached.to(memory_format=torch.contiguous_format)
-    assert cached(x).is_contiguous()
+    answers_as_its_weights_are_laid_out(cached, module)
     assert (cached.stats.computed, cached.stats.recalled) == (8, 8)
     cached.close()
 

@@ -60,6 +60,7 @@ from tests.conftest_s3 import READS, s3_url, user
 from tests.decoding import Decoder, NotesWidthThenHead, steps_alike
 from tests.drawing import AttendsBeside, DrawnBeside, WritesBeside
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
+from tests.layouts import answers_as_its_weights_are_laid_out
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -2387,18 +2388,7 @@ def test_a_model_laid_out_channels_last_after_freezing_recalls_no_answer_of_its_
     model = nn.Conv2d(8, 16, 3, padding=1)
     wrapped = smt.wrap(model, frozen=True, cached=True, store=store)
     smt.freeze(wrapped)
-    x = torch.randn(2, 8, 6, 6)
-    with torch.no_grad():
-        wrapped(x)
-        wrapped.to(memory_format=torch.channels_last)
-        truth = model(x)
-        assert truth.is_contiguous(memory_format=torch.channels_last)
-        for _ in range(2):
-            out = wrapped(x)
-            assert out.stride() == truth.stride()
-            assert torch.equal(out, truth)
-        wrapped.to(memory_format=torch.contiguous_format)
-        assert wrapped(x).is_contiguous()
+    answers_as_its_weights_are_laid_out(wrapped, model)
     assert wrapped.counts["conv2d"] == {"ran": 2, "kept": 2, "recalled": 2}
 
 
