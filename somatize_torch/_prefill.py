@@ -16,7 +16,7 @@ or the caller (``inputs=``).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterable, Sized
+from collections.abc import Callable, Iterable, Mapping, Sized
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
@@ -48,24 +48,25 @@ def length_of(loader: Iterable[Any]) -> int | None:
 def batch_at(item: Any) -> tuple[Any, ...] | None:
     """Where the batch tensor is in what a DataLoader yields, by default: the item itself
     if it is a tensor, a tuple's or list's first item, a dict's ``x`` (or ``input``);
-    None where there is no such tensor."""
+    None where there is no such tensor. A mapping that is no dict (transformers'
+    ``BatchEncoding``, what its collators yield) is taken as a dict."""
     if isinstance(item, torch.Tensor):
         return ()
     if isinstance(item, (tuple, list)) and item and isinstance(item[0], torch.Tensor):
         return (0,)
-    if isinstance(item, dict):
+    if isinstance(item, Mapping):
         key = _dict_key(item)
         if isinstance(item.get(key), torch.Tensor):
             return (key,)
     return None
 
 
-def _dict_key(item: dict[Any, Any]) -> str:
+def _dict_key(item: Mapping[Any, Any]) -> str:
     """The key of a dict loader item that holds the batch: ``x``, else ``input``."""
     return "x" if "x" in item else "input"
 
 
-def named_by_forward(item: dict[Any, Any], module: nn.Module) -> tuple[Any, ...] | None:
+def named_by_forward(item: Mapping[Any, Any], module: nn.Module) -> tuple[Any, ...] | None:
     """Where the batch tensor is in a dict ``item`` with no ``x`` or ``input`` (a
     tokenizer's output): under the name of the parameter of the module's forward it is
     handed as, its first. None where the forward's signature cannot be read or no
@@ -89,7 +90,11 @@ def named_by_forward(item: dict[Any, Any], module: nn.Module) -> tuple[Any, ...]
             f"`{type(module).__name__}.forward`, in the dict the loader yields, and "
             f"{', '.join(repr(name) for name in also)} beside it, which the forward takes "
             "too: a cache per row hands the module the batch alone, so those would be left "
-            "out. Pass inputs=lambda item: item['" + first + "'] to cache it without them"
+            "out, and a padded row's answer without its mask is another. To keep a mask, "
+            f"make it in the forward from the batch ({first} != pad_id), or hand both as one "
+            f"tensor (inputs=lambda item: torch.stack([item['{first}'], item['{also[0]}']], "
+            "dim=1), taken apart in the forward). Where no row is padded, pass "
+            f"inputs=lambda item: item['{first}'] to cache it without them"
         )
     return (first,)
 
@@ -103,12 +108,12 @@ def _inputs(
     :class:`DeferredRows` that is the item or a tuple's first."""
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], DeferredRows):
         return batch[0], None
-    if isinstance(batch, dict) and isinstance(batch.get(_dict_key(batch)), DeferredRows):
+    if isinstance(batch, Mapping) and isinstance(batch.get(_dict_key(batch)), DeferredRows):
         return batch[_dict_key(batch)], None  # a `StackDataset(x=Deferred(...), y=labels)`
     if isinstance(batch, DeferredRows):
         return batch, None
     path = batch_at(batch)
-    if path is None and isinstance(batch, dict):
+    if path is None and isinstance(batch, Mapping):
         path = named_by_forward(batch, module)
     if path is None:
         raise TypeError(
@@ -119,7 +124,7 @@ def _inputs(
     x = batch if path == () else batch[path[0]]
     if key != "index":
         return x, None
-    index = batch.get("index") if isinstance(batch, dict) else None
+    index = batch.get("index") if isinstance(batch, Mapping) else None
     if index is None:
         _refuse_unnamed(batch)
     return x, index
@@ -142,8 +147,8 @@ def _answered(got: Any) -> tuple[Any, Any]:
 
 def _refuse_unnamed(batch: Any) -> NoReturn:
     kind = f"a `{type(batch).__name__}`"
-    if isinstance(batch, dict):
-        kind = "a `dict` with no 'index'"
+    if isinstance(batch, Mapping):
+        kind = f"a `{type(batch).__name__}` with no 'index'"
     elif isinstance(batch, (tuple, list)):
         kind = f"a `{type(batch).__name__}` of {len(batch)} items"
     raise NeedsIndex(

@@ -11,6 +11,7 @@ import errno
 import functools
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -2128,12 +2129,30 @@ def test_prefill_takes_a_dict_s_tensor_named_as_the_forward_s_parameter() -> Non
     assert cached.stats.computed == 12
 
 
-def test_prefill_refuses_a_dict_whose_tensors_name_two_parameters_of_the_forward() -> None:
+def test_prefill_takes_the_batch_from_a_mapping_that_is_no_dict() -> None:
+    """A loader of mappings that are not dicts (a collator's ``BatchEncoding``) is prefilled
+    as a loader of dicts is: through the tensor named as the forward's first parameter."""
+    batches = [Encoding(input_ids=batch["input_ids"]) for batch in tokenized(12)]
+    cached = cache_rows(PooledTokens())
+    assert prefill(cached, batches, progress=False).computed == 12
+    for batch in batches:
+        assert torch.equal(cached(batch["input_ids"]), cached.module(batch["input_ids"]))
+
+
+@pytest.mark.parametrize("kind", [dict, Encoding])
+def test_prefill_refuses_a_dict_whose_tensors_name_two_parameters_of_the_forward(
+    kind: Callable[..., Any],
+) -> None:
     """Where another tensor of the dict names a parameter of the forward too (a mask), the
-    cache would hand the module the ids without it: refused, naming both and ``inputs=``."""
+    cache would hand the module the ids without it: refused, naming both, saying that
+    answers without it differ where batches are padded, and how to keep it."""
     cached = cache_rows(MaskedTokens())
-    with pytest.raises(TypeError, match=r"'input_ids'.*'attention_mask'.*inputs=lambda item"):
-        prefill(cached, tokenized(8), progress=False)
+    with pytest.raises(TypeError) as refused:
+        prefill(cached, [kind(batch) for batch in tokenized(8)], progress=False)
+    said = str(refused.value)
+    assert re.search(r"'input_ids'.*'attention_mask'", said)
+    assert "input_ids != pad_id" in said and "torch.stack" in said
+    assert "inputs=lambda item" in said
     assert cached.stats.computed == 0
 
 
