@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import torch
 from torch import nn
 
+from somatize_torch._row_calls import _forward_of
 from somatize_torch._row_errors import NeedsIndex
 from somatize_torch._row_keys import KeyMode
 from somatize_torch._row_stats import RowStats
@@ -72,13 +73,20 @@ def named_by_forward(item: Mapping[Any, Any], module: nn.Module) -> tuple[Any, .
     handed as, its first. None where the forward's signature cannot be read or no
     tensor of the dict is named so; refused where another tensor of it names a parameter
     too (an ``attention_mask``): the cache hands the module the batch alone, and would
-    leave that one out."""
+    leave that one out. The forward read is the one the cache calls (seen through
+    ``torch.compile`` and ``DataParallel``), which it hands the batch by keyword where its
+    first parameter is keyword-only."""
+    forward = _forward_of(module)
     try:
-        parameters = list(inspect.signature(module.forward).parameters.values())
+        parameters = list(inspect.signature(forward).parameters.values())
     except (TypeError, ValueError):
         return None
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if not parameters or parameters[0].kind not in positional:
+    named = (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+    if not parameters or parameters[0].kind not in named:
         return None
     first = parameters[0].name
     if not isinstance(item.get(first), torch.Tensor):
@@ -87,7 +95,8 @@ def named_by_forward(item: Mapping[Any, Any], module: nn.Module) -> tuple[Any, .
     if also:
         raise TypeError(
             f"prefill found the batch under '{first}', the first parameter of "
-            f"`{type(module).__name__}.forward`, in the dict the loader yields, and "
+            f"`{type(getattr(forward, '__self__', module)).__name__}.forward`, in the dict "
+            "the loader yields, and "
             f"{', '.join(repr(name) for name in also)} beside it, which the forward takes "
             "too: a cache per row hands the module the batch alone, so those would be left "
             "out, and a padded row's answer without its mask is another. To keep a mask, "

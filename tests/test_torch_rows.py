@@ -2139,6 +2139,34 @@ def test_prefill_takes_the_batch_from_a_mapping_that_is_no_dict() -> None:
         assert torch.equal(cached(batch["input_ids"]), cached.module(batch["input_ids"]))
 
 
+class NamedTokens(PooledTokens):
+    def forward(self, *, input_ids: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(input_ids)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [NamedTokens, lambda: nn.DataParallel(PooledTokens())],
+    ids=["keyword-only", "data-parallel"],
+)
+def test_prefill_names_the_batch_as_the_cache_hands_it(make: Callable[[], nn.Module]) -> None:
+    """The dict's tensor is named by the forward the cache calls: one taking it by keyword
+    only, or that of the module a ``DataParallel`` wraps, as a cache hands it the batch."""
+    batches = tokenized(12)
+    cached = cache_rows(make())
+    assert prefill(cached, batches, progress=False).computed == 12
+    plain = PooledTokens()  # of the same weights, its seed set as it is made
+    for batch in batches:
+        assert torch.equal(cached(batch["input_ids"]), expected(plain, batch["input_ids"]))
+
+
+def test_prefill_refuses_a_mask_the_wrapped_module_takes() -> None:
+    """The mask a ``DataParallel``'s module takes beside the ids is seen through it."""
+    cached = cache_rows(nn.DataParallel(MaskedTokens()))
+    with pytest.raises(TypeError, match=r"'input_ids'.*`MaskedTokens.forward`.*'attention_mask'"):
+        prefill(cached, tokenized(8), progress=False)
+
+
 @pytest.mark.parametrize("kind", [dict, Encoding])
 def test_prefill_refuses_a_dict_whose_tensors_name_two_parameters_of_the_forward(
     kind: Callable[..., Any],
