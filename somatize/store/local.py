@@ -161,6 +161,18 @@ def _to_trust(stamp: int) -> int:
     return stamp if time.time_ns() - stamp > _tick_of(stamp) else -1
 
 
+def _in_shards(keys: list[str], shards: frozenset[str] | None) -> list[str]:
+    """Those of ``keys`` whose shard folder (the first two hex digits of the key) is among
+    ``shards``, the listing of ``answers/`` (None: it could not be listed, so any may be
+    there). Where it holds none (a store of rows alone: every lookup of a first epoch), no
+    key is looked at one by one."""
+    if shards is None:
+        return keys
+    if not shards:
+        return []
+    return [key for key in keys if key[7:9] in shards]
+
+
 def _tick_of(stamp: int) -> int:
     """How far behind the real time of a change ``stamp``, a directory's time, may lie: a
     time of whole seconds is taken for one of a coarse filesystem's (FAT's tick is two)."""
@@ -618,20 +630,18 @@ class LocalStore(LocalShelf):
         # whose shard folder it does not hold has no record, and none is opened for it: a
         # store of packed rows holding one loose answer reads no record per row.
         shards = self._record_shards() if unresolved else None
-        recorded = unresolved if shards is None else [k for k in unresolved if k[7:9] in shards]
+        recorded = _in_shards(unresolved, shards)
         read = self._records_alone(recorded, found) if recorded else {}
         unresolved = [key for key in unresolved if key not in found]
         if unresolved:
             packed = self._packed_after_a_look(unresolved)
-            unrecorded = (
-                set()
-                if shards is None
-                else {k for k in unresolved if k not in packed and k[7:9] not in shards}
-            )
-            if unrecorded:  # refused as a read of their records would refuse them
-                check_digests(list(unrecorded))
-            # Only the packed ones have an answer where `answers/` holds no record of theirs.
-            todo = [key for key in unresolved if key not in unrecorded]
+            todo = unresolved
+            if shards is not None and len(packed) < len(unresolved):
+                # Only the packed ones have an answer where `answers/` holds no record of
+                # theirs; the others are refused as a read of their records would refuse them.
+                may = set(recorded)
+                todo = [key for key in unresolved if key in packed or key in may]
+                check_digests([key for key in unresolved if key not in packed and key not in may])
             for key in todo:
                 pack = packed.get(key)
                 try:
