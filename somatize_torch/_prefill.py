@@ -92,6 +92,14 @@ def named_by_forward(item: Mapping[Any, Any], module: nn.Module) -> tuple[Any, .
     if not isinstance(item.get(first), torch.Tensor):
         return None
     also = [p.name for p in parameters[1:] if isinstance(item.get(p.name), torch.Tensor)]
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        # `**kwargs` takes any name (a wrapper handing them on to a model): all but the
+        # indices, which are no input, are taken beside the batch.
+        also = [
+            name
+            for name, value in item.items()
+            if name not in (first, "index") and isinstance(value, torch.Tensor)
+        ]
     if also:
         raise TypeError(
             f"prefill found the batch under '{first}', the first parameter of "

@@ -2167,6 +2167,24 @@ def test_prefill_refuses_a_mask_the_wrapped_module_takes() -> None:
         prefill(cached, tokenized(8), progress=False)
 
 
+class HandsOn(PooledTokens):
+    """A wrapper handing what its forward takes by keyword on to the model it wraps."""
+
+    def forward(self, input_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(input_ids)
+
+
+def test_prefill_refuses_a_mask_a_forward_taking_any_keyword_takes() -> None:
+    """A forward taking ``**kwargs`` takes the mask beside the ids as surely as one naming
+    it: refused alike, where the dict's ``index`` alone beside them is not."""
+    cached = cache_rows(HandsOn())
+    with pytest.raises(TypeError, match=r"'input_ids'.*'attention_mask'"):
+        prefill(cached, tokenized(8), progress=False)
+    assert cached.stats.computed == 0
+    indexed = [{"input_ids": b["input_ids"], "index": torch.arange(4)} for b in tokenized(8)]
+    assert prefill(cached, indexed, progress=False).computed == 8
+
+
 @pytest.mark.parametrize("kind", [dict, Encoding])
 def test_prefill_refuses_a_dict_whose_tensors_name_two_parameters_of_the_forward(
     kind: Callable[..., Any],
