@@ -1231,6 +1231,55 @@ def test_azure_s_credential_option_is_held_as_a_credential() -> None:
     assert plain(held) == given
 
 
+PASSWORD = "a-password-no-message-holds"
+"""A password written into an endpoint's URL, spelled so a leak is found."""
+
+
+def _closed_endpoint() -> str:
+    """An endpoint on loopback that nothing listens at, its URL holding :data:`PASSWORD`."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://user:{PASSWORD}@127.0.0.1:{port}"
+
+
+def test_a_password_in_an_endpoint_s_url_is_in_no_error_it_causes() -> None:
+    """An endpoint's URL written with a password (``http://user:password@host``) that cannot
+    be reached is said without the password: neither the store's error nor the client's,
+    chained below it in the traceback, holds it."""
+    import traceback
+
+    store = Store.on_bucket(
+        s3_url(), anon=True, client_kwargs={"endpoint_url": _closed_endpoint()}, retries=0
+    )
+    with pytest.raises(StoreError, match=r"user:\*\*\*@127\.0\.0\.1") as raised:
+        store.put(b"data")
+    assert PASSWORD not in "".join(traceback.format_exception(raised.value))
+
+
+def test_a_password_in_an_endpoint_refused_as_no_url_is_masked() -> None:
+    """An endpoint refused as no http(s) URL is named in the error with its password
+    masked."""
+    with pytest.raises(BadAddress, match=r"'user:\*\*\*@minio:9000', which is no endpoint"):
+        Store.on_bucket(s3_url(), client_kwargs={"endpoint_url": f"user:{PASSWORD}@minio:9000"})
+
+
+def test_a_cache_folder_names_its_server_without_the_endpoint_s_password(
+    tmp_path: Path,
+) -> None:
+    """The file binding a cache folder to its store names the server with its password
+    masked, and so does the refusal of another store opened with that folder."""
+    endpoint = {"endpoint_url": _closed_endpoint()}
+    Store.on_bucket(s3_url(), anon=True, client_kwargs=endpoint, cache=tmp_path)
+    bound = (tmp_path / "bucket").read_text()
+    assert PASSWORD not in bound and "user:***@127.0.0.1" in bound
+    with pytest.raises(BadAddress, match="is bound to the bucket store") as raised:
+        Store.on_bucket(s3_url(), anon=True, client_kwargs=endpoint, cache=tmp_path)
+    assert PASSWORD not in str(raised.value)
+
+
 @pytest.mark.parametrize("collector", ["cache", "bucket"])
 @pytest.mark.parametrize("when", ["kept", "packed"])
 def test_a_gc_of_the_cache_leaves_the_blob_a_keep_is_copying_there(

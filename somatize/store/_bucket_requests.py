@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from stat import S_ISDIR, S_ISREG
 from typing import Any, TypeVar, cast
 
+from somatize.store._credentials import without_passwords
 from somatize.store._local_files import (
     LedNowhere,
     NotAFile,
@@ -413,6 +414,7 @@ class BucketRequests(PackedHome):
             try:
                 return fn(*args, **kwargs)
             except Exception as why:
+                without_passwords(why)  # it may name the endpoint, password and all
                 if _no_credentials(why):
                     raise self._uncredentialed(what, why) from why
                 if _misaddressed(why):
@@ -786,7 +788,7 @@ class BucketRequests(PackedHome):
                 try:
                     return cast(bytes, await fs._cat_file(path, **at_once))
                 except Exception as why:
-                    return why
+                    return without_passwords(why)
 
             async def all_of(batch: list[str]) -> list[bytes | BaseException]:
                 return list(await asyncio.gather(*(each(path) for path in batch)))
@@ -800,7 +802,7 @@ class BucketRequests(PackedHome):
             try:
                 out[path] = _cat_file(fs, path, **at_once)
             except Exception as why:
-                out[path] = why
+                out[path] = without_passwords(why)
         return out
 
     def _list(

@@ -16,6 +16,7 @@ A copy in this process (``copy.deepcopy``: an EMA of a model) keeps them, and so
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -41,6 +42,33 @@ CREDENTIALS = frozenset(
 )
 """The options, at the top, in ``client_kwargs`` or under a layer's protocol, whose text is
 a credential."""
+
+
+_PASSWORD_IN_URL = re.compile(r"((?:^|://)[^/\s:@'\"]*):[^/\s'\"]*@")
+"""The password of a URL written with one (``http://user:password@host``, or with no scheme,
+``user:password@host``), up to the last ``@`` before its path: a password holding ``@``
+unescaped is masked whole."""
+
+
+def masked(text: str) -> str:
+    """``text`` with the password of each URL in it shown as ``***``: an endpoint may be
+    given as ``http://user:password@host:9000``, and what names it (an error, a log, the
+    file binding a cache folder) is shown, kept and shared."""
+    return _PASSWORD_IN_URL.sub(r"\1:***@", text)
+
+
+def without_passwords(error: BaseException) -> BaseException:
+    """``error``, the password of each URL its message holds masked (:func:`masked`), in
+    place: a client's error names the URL it could not reach (botocore's "Could not connect
+    to the endpoint URL"), endpoint and all, and is said in the store's errors, chained
+    below them in a traceback, and logged."""
+    error.args = tuple(masked(arg) if isinstance(arg, str) else arg for arg in error.args)
+    details = getattr(error, "kwargs", None)  # botocore's, which it formats its message from
+    if isinstance(details, dict):
+        for name, value in details.items():
+            if isinstance(value, str):
+                details[name] = masked(value)
+    return error
 
 
 def _absent() -> None:

@@ -56,7 +56,7 @@ from somatize import canonical
 from somatize._numbers import finite
 from somatize.store._bucket_requests import _ABSENT, BucketNotes, _open_file, _under_copies
 from somatize.store._bucket_upkeep import BucketShelf, version_of
-from somatize.store._credentials import guarded, plain
+from somatize.store._credentials import guarded, masked, plain
 from somatize.store._local_files import open_file
 from somatize.store._packed import Claims, digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
@@ -182,15 +182,17 @@ def _server_of(url: str, storage_options: Mapping[str, Any]) -> str | None:
     """The server the bucket is reached at, where the options name one (an S3-compatible
     server's ``endpoint_url``, given as an option or in ``client_kwargs``; an Azure
     ``account_name``) or, on S3, the environment does (``AWS_ENDPOINT_URL_S3``,
-    ``AWS_ENDPOINT_URL``); None for the default one."""
+    ``AWS_ENDPOINT_URL``); None for the default one. A password in it is masked: the
+    cache folder's file names the server, and an error names what that file holds."""
     client = storage_options.get("client_kwargs")
     for option in ("endpoint_url", "account_name"):
         for given in (storage_options, client if isinstance(client, Mapping) else {}):
             value = given.get(option)
             if value:
-                return str(value)
+                return masked(str(value))
     if _on_s3(url):
-        return os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        named = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        return None if named is None else masked(named)
     return None
 
 
@@ -311,10 +313,15 @@ def _check_endpoint(url: str, storage_options: Mapping[str, Any]) -> None:
         parts = urlsplit(value) if isinstance(value, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise BadAddress(
-                f"{option} is {value!r}, which is no endpoint: an S3-compatible server is "
+                f"{option} is {_shown(value)}, which is no endpoint: an S3-compatible server is "
                 "reached at an http(s) URL with a host, as `http://localhost:9000` or "
                 "`https://s3.example.com`"
             )
+
+
+def _shown(value: object) -> str:
+    """How an error shows an endpoint given: as it is, a password in it masked."""
+    return repr(masked(value)) if isinstance(value, str) else repr(value)
 
 
 _PROTOCOL_LIKE = re.compile(r"[a-z]*")
