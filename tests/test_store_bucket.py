@@ -1792,6 +1792,41 @@ def test_an_s3_option_of_another_kind_than_it_takes_is_refused_at_open(
 
 
 @pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"secret": 5}, r"s3\['secret'\] is a `int`"),
+        ({"client_kwargs": "{'secret': 's'}"}, r"s3\['client_kwargs'\] is a `str` of"),
+        (
+            {"client_kwargs": {"endpoint_url": "minio:9000"}},
+            r"s3\['client_kwargs'\]\['endpoint_url'\] is 'minio:9000', which is no endpoint",
+        ),
+    ],
+)
+def test_an_s3_option_under_its_protocol_in_a_chained_url_is_checked_at_open(
+    options: dict[str, Any], said: str
+) -> None:
+    """The S3 options of a chained URL, given under its protocol (``simplecache::s3://…``
+    with ``s3={…}``), are checked as those of a plain S3 URL are, and refused naming where
+    they were given, not by a bare error of the client, or not at all."""
+    layer = {**s3_options(), **options}
+    with pytest.raises(BadAddress, match=said):
+        Store.on_bucket(f"simplecache::{s3_url()}", s3=layer).put(b"x")
+
+
+@pytest.mark.parametrize("bare", [{"endpont_url": "http://127.0.0.1:9"}, {"key": "k"}])
+def test_an_option_a_chained_url_s_outer_layer_would_drop_is_refused(
+    bare: dict[str, Any],
+) -> None:
+    """An option given bare for a chained URL whose outer layer keeps copies (misspelled,
+    or the bucket's own) is refused naming it and the protocol to give it under: that
+    layer would drop it unused, and the store would reach the bucket without it."""
+    name = next(iter(bare))
+    with pytest.raises(BadAddress, match=re.escape(f"[{name!r}] given bare")) as refused:
+        Store.on_bucket(f"simplecache::{s3_url()}", s3=s3_options(), **bare)
+    assert re.search(r"`s3=\{'\w+': …\}`", str(refused.value))
+
+
+@pytest.mark.parametrize(
     ("url", "said"),
     [
         ("s3:///features", "names no bucket"),

@@ -240,21 +240,46 @@ _SHOWN = ("profile", "region_name")
 """The text options whose value an error shows: the others are credentials."""
 
 
-def _check_s3_kinds(url: str, storage_options: Mapping[str, Any]) -> None:
+def _s3_layers(url: str, storage_options: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """The options each S3 layer of ``url`` is opened with, and the protocol an error names
+    them under: the first layer's are those given bare over those under its protocol, as
+    fsspec hands them, named bare; an inner layer's (``simplecache::s3://…``) are those
+    under its protocol (``s3={…}``), named so."""
+    layers: list[tuple[str, Mapping[str, Any]]] = []
+    for at, protocol in enumerate(_protocols_of(url)):
+        if protocol not in ("s3", "s3a"):
+            continue
+        inner = storage_options.get(protocol)
+        inner = inner if isinstance(inner, Mapping) else {}
+        if at > 0:
+            layers.append((protocol, inner))
+            continue
+        bare = {name: value for name, value in storage_options.items() if name != protocol}
+        layers.append(("", {**inner, **bare}))
+    return layers
+
+
+def _named(under: str, option: str) -> str:
+    """What an error calls ``option``, given bare (``under`` empty) or under a layer's
+    protocol (``s3['secret']``)."""
+    return f"{under}[{option!r}]" if under else option
+
+
+def _check_s3_kinds(options: Mapping[str, Any], under: str = "") -> None:
     """Refuses an S3 option that is another kind of value than the client takes (a dict
     given as a str, a key as an int), naming it, before any request: the client would fail
     at the first one with a bare AttributeError or TypeError, or sign with it as it is. A
     credential's value is never said."""
-    if not _on_s3(url):
-        return
     for option, holds in _S3_MAPPINGS.items():
-        value = storage_options.get(option)
+        value = options.get(option)
         if value is not None and not isinstance(value, Mapping):
-            raise BadAddress(f"{option} is {_described(value)}: it is a dict of {holds}")
-    client = storage_options.get("client_kwargs") or {}
-    given = [(option, option, storage_options.get(option)) for option in _S3_TEXTS]
+            said = _named(under, option)
+            raise BadAddress(f"{said} is {_described(value)}: it is a dict of {holds}")
+    client = options.get("client_kwargs") or {}
+    in_client = _named(under, "client_kwargs")
+    given = [(_named(under, option), option, options.get(option)) for option in _S3_TEXTS]
     given += [
-        (f"client_kwargs[{option!r}]", option, client.get(option)) for option in _S3_CLIENT_TEXTS
+        (f"{in_client}[{option!r}]", option, client.get(option)) for option in _S3_CLIENT_TEXTS
     ]
     for said, option, value in given:
         if value is not None and not isinstance(value, str):
@@ -279,15 +304,13 @@ def _described(value: object) -> str:
     return f"{kind} of {size} {unit}{'' if size == 1 else 's'}"
 
 
-def _check_ca_bundle(url: str, storage_options: Mapping[str, Any]) -> None:
+def _check_ca_bundle(options: Mapping[str, Any], under: str = "") -> None:
     """Refuses a CA bundle named for the S3 client (``client_kwargs={"verify": path}``, else
     ``AWS_CA_BUNDLE``) that is no file, naming it, before any request: the client reads it
     before it connects, and its bare "No such file or directory" would be taken for the
     bucket unreachable. One its config file names is said at the first request."""
-    if not _on_s3(url):
-        return
-    client = storage_options.get("client_kwargs") or {}
-    named, bundle = "client_kwargs['verify']", client.get("verify")
+    client = options.get("client_kwargs") or {}
+    named, bundle = f"{_named(under, 'client_kwargs')}['verify']", client.get("verify")
     if bundle is None:  # the client reads AWS_CA_BUNDLE only then
         named, bundle = "AWS_CA_BUNDLE", os.environ.get("AWS_CA_BUNDLE")
     if isinstance(bundle, str) and bundle and not os.path.isfile(bundle):
@@ -298,15 +321,14 @@ def _check_ca_bundle(url: str, storage_options: Mapping[str, Any]) -> None:
         )
 
 
-def _check_endpoint(url: str, storage_options: Mapping[str, Any]) -> None:
+def _check_endpoint(options: Mapping[str, Any], under: str = "") -> None:
     """Refuses an S3 endpoint that is no http(s) URL with a host, naming the option, before
     any request: the client would raise a bare ValueError at the first one."""
-    if not _on_s3(url):
-        return
-    client = storage_options.get("client_kwargs")
-    given = [("endpoint_url", storage_options.get("endpoint_url"))]
+    client = options.get("client_kwargs")
+    given = [(_named(under, "endpoint_url"), options.get("endpoint_url"))]
     if isinstance(client, Mapping):
-        given.append(("client_kwargs['endpoint_url']", client.get("endpoint_url")))
+        in_client = _named(under, "client_kwargs")
+        given.append((f"{in_client}['endpoint_url']", client.get("endpoint_url")))
     for option, value in given:
         if value is None:
             continue
@@ -434,6 +456,49 @@ def _refuse_asynchronous(url: str, storage_options: Mapping[str, Any]) -> None:
             "for awaiting cannot serve: drop it. Inside an event loop (an async server, a "
             "notebook), run the forward on another thread, `await asyncio.to_thread("
             "g.forward, x, store=store)`, to keep the loop free"
+        )
+
+
+_EVERY_FILESYSTEM_TAKES = frozenset(
+    {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"}
+)
+"""The options fsspec's base filesystem reads itself, whatever the filesystem."""
+
+
+def _refuse_dropped(url: str, storage_options: Mapping[str, Any]) -> None:
+    """Refuses an option given bare for a chained URL whose outer layer keeps copies
+    (``simplecache::s3://…``) and takes no such option, naming where it belongs: fsspec
+    hands the bare options to that layer, which drops those it does not take, so a
+    misspelled option, or the bucket's own (``key=``, ``client_kwargs=``), would be lost
+    without a word, and the store opened with the environment's credentials and endpoint."""
+    import inspect
+
+    from fsspec.implementations.cached import CachingFileSystem
+    from fsspec.registry import get_filesystem_class
+
+    protocols = _protocols_of(url)
+    if len(protocols) < 2:
+        return
+    try:
+        outer = get_filesystem_class(protocols[0])
+    except (ImportError, ValueError):
+        return  # said as the filesystem is made
+    if not issubclass(outer, CachingFileSystem):
+        return
+    takes = set(_EVERY_FILESYSTEM_TAKES).union(protocols)
+    for kind in outer.__mro__:
+        if "__init__" in vars(kind):
+            named = inspect.signature(kind.__init__).parameters.values()
+            takes.update(
+                p.name for p in named if p.kind is p.KEYWORD_ONLY or p.default is not p.empty
+            )
+    dropped = sorted(set(storage_options) - takes)
+    if dropped:
+        raise BadAddress(
+            f"{url} is opened with {dropped} given bare, which fsspec hands to its outer "
+            f"layer, `{protocols[0]}`, which takes no such option and would drop it "
+            f"unused: give the options of the layer they are for under its protocol, as "
+            f"`{protocols[-1]}={{{dropped[0]!r}: …}}`, and check their spelling"
         )
 
 
@@ -621,6 +686,7 @@ class BucketStore(BucketShelf):
         if isinstance(url, str):
             url = _anchored(url)
         _refuse_asynchronous(url, storage_options)
+        _refuse_dropped(url, storage_options)
         self.url = url
         storage_options = guarded(storage_options, _protocols_of(url))
         self.storage_options = storage_options
@@ -674,9 +740,10 @@ class BucketStore(BucketShelf):
             if "://" in url and "::" not in url:
                 _check_s3_path(url)
             _check_bucket(url, self.root.lstrip("/").split("/", 1)[0])
-            _check_s3_kinds(url, storage_options)
-            _check_endpoint(url, storage_options)
-            _check_ca_bundle(url, storage_options)
+            for under, options in _s3_layers(url, storage_options):
+                _check_s3_kinds(options, under)
+                _check_endpoint(options, under)
+                _check_ca_bundle(options, under)
         self.signer: Signer | None = signer_from(signing_key)
         self.retries = retries
         self.backoff = backoff
