@@ -1231,6 +1231,29 @@ def test_azure_s_credential_option_is_held_as_a_credential() -> None:
     assert plain(held) == given
 
 
+SSE_C_KEY = "an-sse-c-key-no-pickle-holds-32b"
+"""A customer-provided encryption key (32 bytes), spelled so a leak is found."""
+
+
+def test_a_bucket_store_pickled_carries_no_sse_c_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A customer-provided encryption key (``s3_additional_kwargs={"SSECustomerKey": …}``)
+    is held as the other credentials are: a copy ``multiprocessing`` sends a child keeps it
+    and reaches the bucket, a store pickled carries none, and, loaded, says so at its first
+    request, where the client would refuse a key that is None."""
+    from multiprocessing.reduction import ForkingPickler
+
+    encrypted = {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": SSE_C_KEY}
+    store = Store.on_bucket(s3_url(), **s3_options(), s3_additional_kwargs=encrypted)
+    digest = store.put(b"encrypted")
+    assert_reaches(pickle.loads(ForkingPickler.dumps(store)))
+    pickled = pickle.dumps(store)
+    assert SSE_C_KEY.encode() not in pickled
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "x")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
+    with pytest.raises(StoreError, match=r"holds no SSE-C key .*store.address\(\)"):
+        pickle.loads(pickled).get(digest)
+
+
 PASSWORD = "a-password-no-message-holds"
 """A password written into an endpoint's URL, spelled so a leak is found."""
 

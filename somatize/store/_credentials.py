@@ -38,10 +38,18 @@ CREDENTIALS = frozenset(
         "connection_string",
         "client_secret",
         "credential",  # an account key or a SAS token, where it is given as text
+        # s3fs's `s3_additional_kwargs`: a customer-provided encryption key (SSE-C), which
+        # reads every object it wrote
+        "SSECustomerKey",
+        "CopySourceSSECustomerKey",
     }
 )
-"""The options, at the top, in ``client_kwargs`` or under a layer's protocol, whose text is
-a credential."""
+"""The options, at the top, in one of :data:`NESTED` or under a layer's protocol, whose
+text is a credential."""
+
+NESTED = ("client_kwargs", "s3_additional_kwargs")
+"""The options that are dicts of options in turn, which may hold credentials: s3fs's
+keyword arguments for its client, and those it adds to each request."""
 
 
 _PASSWORD_IN_URL = re.compile(r"((?:^|://)[^/\s:@'\"]*):[^/\s'\"]*@")
@@ -101,7 +109,7 @@ ForkingPickler.register(Credential, _with_text)
 
 def guarded(options: Mapping[str, Any], protocols: Iterable[str] = ()) -> dict[str, Any]:
     """``options`` with each credential's text held as a :class:`Credential`: at the top, in
-    ``client_kwargs``, and in the options under each of ``protocols`` (the layers of a
+    each of :data:`NESTED`, and in the options under each of ``protocols`` (the layers of a
     chained URL: ``s3={"secret": …}`` for ``simplecache::s3://…``), which fsspec hands to
     that layer's filesystem."""
     return _at_each_level(options, protocols, _guard)
@@ -128,9 +136,10 @@ def _at_each_level(
 
 def _at_one_level(options: Mapping[str, Any], change: Callable[[str, Any], Any]) -> dict[str, Any]:
     changed = {name: change(name, value) for name, value in options.items()}
-    client = changed.get("client_kwargs")
-    if isinstance(client, Mapping):
-        changed["client_kwargs"] = {name: change(name, value) for name, value in client.items()}
+    for nested in NESTED:
+        inner = changed.get(nested)
+        if isinstance(inner, Mapping):
+            changed[nested] = {name: change(name, value) for name, value in inner.items()}
     return changed
 
 

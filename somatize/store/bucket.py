@@ -290,6 +290,31 @@ def _check_s3_kinds(options: Mapping[str, Any], under: str = "") -> None:
             )
 
 
+_SSE_C_KEYS = ("SSECustomerKey", "CopySourceSSECustomerKey")
+"""The options of ``s3_additional_kwargs`` that are a customer-provided encryption key."""
+
+
+def _refuse_lost_encryption_key(url: str, storage_options: Mapping[str, Any]) -> None:
+    """Refuses to open the filesystem of a store loaded from a pickle, which carries no
+    SSE-C key (``s3_additional_kwargs={"SSECustomerKey": …}``), saying how to give it: no
+    process reads one from its environment, so every request would fail with the client's
+    "Invalid type for parameter SSECustomerKey"."""
+    for under, options in _s3_layers(url, storage_options):
+        added = options.get("s3_additional_kwargs")
+        if not isinstance(added, Mapping):
+            continue
+        lost = [name for name in _SSE_C_KEYS if name in added and added[name] is None]
+        if lost:
+            said = f"{_named(under, 's3_additional_kwargs')}[{lost[0]!r}]"
+            raise StoreError(
+                f"{url} holds no SSE-C key ({said} is None): a store pickled (a model saved "
+                "with it, one sent to a Ray worker) carries none, as it carries no other "
+                "credential. Open the store in this process with the key, "
+                f"`Store.on_bucket({url!r}, s3_additional_kwargs={{{lost[0]!r}: …}})`, or "
+                "from `store.address()`, which holds it"
+            )
+
+
 def _described(value: object) -> str:
     """What an error says ``value`` is: a number as it is, anything else by its kind and
     size alone, as its text or items may hold a credential (a dict of options given as
@@ -815,6 +840,7 @@ class BucketStore(BucketShelf):
     def _open_fs(self) -> Any:
         from fsspec.core import url_to_fs
 
+        _refuse_lost_encryption_key(self.url, self.storage_options)
         fs = url_to_fs(_for_fsspec(self.url), **_opened_with(self.url, self.storage_options))[0]
         return self._without_own_retries(fs)
 
