@@ -1218,6 +1218,26 @@ def test_a_bucket_store_pickled_carries_no_filesystem_holding_its_credentials(
     assert_reaches_once_loaded_here(pickled, monkeypatch)
 
 
+def test_a_gcs_token_given_as_a_dict_is_held_as_a_credential() -> None:
+    """gcsfs's ``token`` given as a dict (a service account's key, as read from its JSON
+    file) is held as a credential: the options a bucket store holds pickle without it, and
+    as YAML, while a copy ``multiprocessing`` sends a child and its address keep it."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import yaml
+
+    from somatize.store._credentials import guarded, plain
+
+    info = {"type": "service_account", "private_key": CREDENTIALS["secret"]}
+    given = {"project": "proj", "token": info}
+    held = guarded(given)
+    assert CREDENTIALS["secret"].encode() not in pickle.dumps(held)
+    assert CREDENTIALS["secret"] not in yaml.dump(held)
+    assert pickle.loads(pickle.dumps(held)) == {"project": "proj", "token": None}
+    assert pickle.loads(ForkingPickler.dumps(held)) == given
+    assert plain(held) == given and type(plain(held)["token"]) is dict
+
+
 def test_azure_s_credential_option_is_held_as_a_credential() -> None:
     """Azure's ``credential`` option, given as text, is an account key or a SAS token: the
     options a bucket store holds pickle without it, as without its other credentials, while
@@ -1235,14 +1255,19 @@ SSE_C_KEY = "an-sse-c-key-no-pickle-holds-32b"
 """A customer-provided encryption key (32 bytes), spelled so a leak is found."""
 
 
-def test_a_bucket_store_pickled_carries_no_sse_c_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A customer-provided encryption key (``s3_additional_kwargs={"SSECustomerKey": …}``)
-    is held as the other credentials are: a copy ``multiprocessing`` sends a child keeps it
-    and reaches the bucket, a store pickled carries none, and, loaded, says so at its first
-    request, where the client would refuse a key that is None."""
+@pytest.mark.parametrize("given", [str, bytes])
+def test_a_bucket_store_pickled_carries_no_sse_c_key(
+    given: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A customer-provided encryption key (``s3_additional_kwargs={"SSECustomerKey": …}``),
+    as text or as bytes, is held as the other credentials are: a copy ``multiprocessing``
+    sends a child keeps it and reaches the bucket, a store pickled carries none, and,
+    loaded, says so at its first request, where the client would refuse a key that is
+    None."""
     from multiprocessing.reduction import ForkingPickler
 
-    encrypted = {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": SSE_C_KEY}
+    key = SSE_C_KEY if given is str else SSE_C_KEY.encode()
+    encrypted = {"SSECustomerAlgorithm": "AES256", "SSECustomerKey": key}
     store = Store.on_bucket(s3_url(), **s3_options(), s3_additional_kwargs=encrypted)
     digest = store.put(b"encrypted")
     assert_reaches(pickle.loads(ForkingPickler.dumps(store)))

@@ -4,8 +4,9 @@ A bucket store is pickled with what holds it: ``torch.save`` of a model holding 
 cache of it, a Lightning checkpoint of the hyperparameters a module was given, a graph
 pickled to disk, Lightning's ``hparams.yaml``. Those files are shared, uploaded and kept
 for years, so a secret key in them is a leak. Each credential the store is opened with is
-held as a :class:`Credential`, the text itself to the client, which a plain pickle (or a
-YAML dump) writes as None: loaded, the store reaches the bucket with the credentials of
+held as a :class:`Credential` (:class:`CredentialBytes`, :class:`CredentialInfo` where it is
+given as bytes or as a dict of fields), the value itself to the client, which a plain
+pickle (or a YAML dump) writes as None: loaded, the store reaches the bucket with the credentials of
 the process that loads it (its environment, its role), as a signed store signs with the
 key of its own environment.
 
@@ -26,7 +27,7 @@ CREDENTIALS = frozenset(
         # s3fs, and the same for the botocore client it makes
         "key",
         "secret",
-        "token",
+        "token",  # gcsfs's too, given as text or as a service account's key, a dict
         "username",
         "password",
         "aws_access_key_id",
@@ -84,27 +85,61 @@ def _absent() -> None:
     return None
 
 
-class Credential(str):
-    """A credential's text, which a plain pickle writes as None (see the module's doc)."""
+class _Held:
+    """What makes a value a credential held: a plain pickle writes it as None, a copy in
+    this process is the same value (see the module's doc)."""
 
     __slots__ = ()
 
     def __reduce__(self) -> tuple[Any, ...]:
         return _absent, ()
 
-    def __copy__(self) -> Credential:
+    def __copy__(self) -> Any:
         return self
 
-    def __deepcopy__(self, memo: dict[int, object]) -> Credential:
+    def __deepcopy__(self, memo: dict[int, object]) -> Any:
         return self
 
 
-def _with_text(credential: Credential) -> tuple[type[Credential], tuple[str]]:
+class Credential(_Held, str):
+    """A credential's text, which a plain pickle writes as None (see the module's doc)."""
+
+    __slots__ = ()
+
+
+class CredentialBytes(_Held, bytes):
+    """A credential given as bytes (an SSE-C key, ``os.urandom(32)``), held as the text of
+    one is."""
+
+    __slots__ = ()
+
+
+class CredentialInfo(_Held, dict[str, Any]):
+    """A credential given as a dict of its fields (gcsfs's ``token``, a service account's
+    key as read from its JSON file), held as the text of one is."""
+
+    __slots__ = ()
+
+
+_HELD_AS: dict[type, type] = {str: Credential, bytes: CredentialBytes, dict: CredentialInfo}
+"""The kind of value a credential is given as, and what holds it."""
+
+
+def kind_given(value: object) -> type:
+    """The kind ``value`` was given as: ``str`` for a :class:`Credential`, and so on."""
+    for given, holder in _HELD_AS.items():
+        if isinstance(value, holder):
+            return given
+    return type(value)
+
+
+def _as_given(held: Any) -> tuple[type, tuple[Any]]:
     """How a credential travels to a process ``multiprocessing`` starts from this one."""
-    return Credential, (str(credential),)
+    return type(held), (_unguard(held),)
 
 
-ForkingPickler.register(Credential, _with_text)
+for _holder in _HELD_AS.values():
+    ForkingPickler.register(_holder, _as_given)
 
 
 def guarded(options: Mapping[str, Any], protocols: Iterable[str] = ()) -> dict[str, Any]:
@@ -144,8 +179,12 @@ def _at_one_level(options: Mapping[str, Any], change: Callable[[str, Any], Any])
 
 
 def _guard(name: str, value: Any) -> Any:
-    return Credential(value) if name in CREDENTIALS and type(value) is str else value
+    holder = _HELD_AS.get(type(value)) if name in CREDENTIALS else None
+    return value if holder is None else holder(value)
 
 
 def _unguard(value: Any) -> Any:
-    return str(value) if isinstance(value, Credential) else value
+    for given, holder in _HELD_AS.items():
+        if isinstance(value, holder):
+            return given(value)
+    return value

@@ -56,7 +56,7 @@ from somatize import canonical
 from somatize._numbers import finite
 from somatize.store._bucket_requests import _ABSENT, BucketNotes, _open_file, _under_copies
 from somatize.store._bucket_upkeep import BucketShelf, version_of
-from somatize.store._credentials import guarded, masked, plain
+from somatize.store._credentials import guarded, kind_given, masked, plain
 from somatize.store._local_files import open_file
 from somatize.store._packed import Claims, digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
@@ -285,7 +285,7 @@ def _check_s3_kinds(options: Mapping[str, Any], under: str = "") -> None:
         if value is not None and not isinstance(value, str):
             shown = f"{value!r}, " if option in _SHOWN else ""
             raise BadAddress(
-                f"{said} is {shown}a `{type(value).__name__}`: the S3 client takes it as "
+                f"{said} is {shown}a `{kind_given(value).__name__}`: the S3 client takes it as "
                 "text; pass it as a str"
             )
 
