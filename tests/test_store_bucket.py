@@ -1752,18 +1752,20 @@ def _dropping_server() -> tuple[str, list[int], Any]:
     return f"http://127.0.0.1:{listener.getsockname()[1]}", taken, listener
 
 
+@pytest.mark.parametrize("layer", ["", "simplecache::"])
 @pytest.mark.parametrize("retries", [0, 2])
-def test_a_request_to_s3_is_made_as_often_as_retries_says(retries: int) -> None:
+def test_a_request_to_s3_is_made_as_often_as_retries_says(retries: int, layer: str) -> None:
     """A request that keeps failing is made 1 + `retries` times: the store's retrying is
     the only one, not multiplied by the retries of s3fs and botocore (five each), so a
-    refused endpoint is said at once."""
+    refused endpoint is said at once. So it is through a chained URL's S3 layer, its
+    options given under its protocol."""
     endpoint, taken, listener = _dropping_server()
+    options = {"key": "x", "secret": "x", "client_kwargs": {"endpoint_url": endpoint}}
+    given = {"s3": options} if layer else options
     try:
         store = Store.on_bucket(
-            f"s3://somatize-tests/{uuid.uuid4().hex[:12]}",
-            key="x",
-            secret="x",
-            client_kwargs={"endpoint_url": endpoint},
+            f"{layer}s3://somatize-tests/{uuid.uuid4().hex[:12]}",
+            **given,
             retries=retries,
             backoff=0.0,
         )

@@ -153,23 +153,31 @@ def _opened_with(url: str, storage_options: Mapping[str, Any]) -> dict[str, Any]
     without asking the bucket, so a record, blob or name another process wrote there
     later would be a miss to this store object, damage to its verify, and nothing to keep
     to its gc. Of a chained URL (``simplecache::s3://…``) each filesystem is opened so,
-    the inner ones with the options fsspec hands them (those under their protocol)."""
+    the inner ones with the options fsspec hands them (those under their protocol), and
+    an inner S3 layer's client retries nothing either."""
     options = {**storage_options, "use_listings_cache": False}
-    for protocol in _protocols_of(url)[1:]:
+    protocols = _protocols_of(url)
+    for protocol in protocols[1:]:
         inner = options.get(protocol)
         options[protocol] = {
             **(inner if isinstance(inner, Mapping) else {}),
             "use_listings_cache": False,
         }
-    if not _on_s3(url):
-        return options
+    for at, protocol in enumerate(protocols):
+        if protocol in ("s3", "s3a"):
+            _one_attempt(options if at == 0 else options[protocol])
+    return options
+
+
+def _one_attempt(options: dict[str, Any]) -> None:
+    """Turns the S3 client's own retrying off in ``options``, unless they (or
+    ``AWS_MAX_ATTEMPTS``) set it; see :func:`_opened_with`."""
     config = options.get("config_kwargs")
     if isinstance(config, Mapping) and "retries" in config:
-        return options
+        return
     chosen = "AWS_MAX_ATTEMPTS" in os.environ
     if not chosen and (config is None or isinstance(config, Mapping)):
         options["config_kwargs"] = {**(config or {}), "retries": {"total_max_attempts": 1}}
-    return options
 
 
 def _protocols_of(url: str) -> list[str]:
@@ -847,8 +855,9 @@ class BucketStore(BucketShelf):
     def _without_own_retries(self, fs: Any) -> Any:
         """``fs``, making each request once where it would retry it itself (s3fs: five
         times), so that ``retries`` says how often it is made; see :func:`_opened_with`."""
-        if _on_s3(self.url) and hasattr(fs, "retries"):
-            fs.retries = 1
+        inner = _under_copies(fs)  # a chained URL's S3 layer
+        if {"s3", "s3a"} & set(_protocols_of(self.url)) and hasattr(inner, "retries"):
+            inner.retries = 1
         return fs
 
     # -- address ------------------------------------------------------------------------------
