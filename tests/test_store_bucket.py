@@ -1314,6 +1314,16 @@ def test_a_password_in_an_endpoint_refused_as_no_url_is_masked() -> None:
         Store.on_bucket(s3_url(), client_kwargs={"endpoint_url": f"user:{PASSWORD}@minio:9000"})
 
 
+def test_an_endpoint_holding_a_password_for_a_signing_client_is_refused_at_open() -> None:
+    """An endpoint's URL holding a user and password, for a client that signs its requests,
+    is refused at open, its password masked: the HTTP client would refuse every request,
+    which the store would retry and say as the bucket unreachable."""
+    endpoint = {"endpoint_url": _closed_endpoint()}
+    with pytest.raises(BadAddress, match=r"user:\*\*\*@.*holds a user and password") as refused:
+        Store.on_bucket(s3_url(), key="x", secret="x", client_kwargs=endpoint, retries=0)
+    assert PASSWORD not in str(refused.value)
+
+
 def test_a_cache_folder_names_its_server_without_the_endpoint_s_password(
     tmp_path: Path,
 ) -> None:

@@ -45,6 +45,7 @@ import contextlib
 import io
 import os
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
@@ -372,6 +373,26 @@ def _check_endpoint(options: Mapping[str, Any], under: str = "") -> None:
                 "reached at an http(s) URL with a host, as `http://localhost:9000` or "
                 "`https://s3.example.com`"
             )
+        if (parts.username or parts.password) and _signs(options):
+            raise BadAddress(
+                f"{option} is {_shown(value)}, which holds a user and password: the S3 "
+                "client signs each request with its key and secret, and its HTTP client "
+                "refuses to send a password in the URL beside that signature, every time. "
+                "Drop the `user:password@` from the endpoint and give the key and secret "
+                "as `key=` and `secret=`, or open the bucket with `anon=True` where the "
+                "server takes the password alone"
+            )
+
+
+def _signs(options: Mapping[str, Any]) -> bool:
+    """Whether an S3 client opened with ``options`` signs its requests: unless it is
+    anonymous (``anon=True``, or ``config_kwargs={"signature_version": UNSIGNED}``)."""
+    botocore = sys.modules.get("botocore")  # loaded with s3fs, which the S3 layer is
+    marker = getattr(botocore, "UNSIGNED", None)
+    config = options.get("config_kwargs")
+    unsigned = isinstance(config, Mapping) and config.get("signature_version") is marker
+    unsigned = unsigned and marker is not None
+    return not (options.get("anon") or unsigned)
 
 
 def _shown(value: object) -> str:
