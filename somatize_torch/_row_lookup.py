@@ -84,6 +84,8 @@ def _recall_or_run(
             "there, so the call would wait for itself, for ever. Call the cache from "
             "ordinary code, after the collection"
         )
+    if isinstance(x, DeferredRows) and x.outdated():
+        return _answer_outdated(self, x)
     if self._writer is not None:
         self._writer.check()  # here, outside what torch.compile traces
     start = time.perf_counter()
@@ -257,6 +259,29 @@ def _recall_or_run(
         into["compute_s"] += computed
         into["lookup_s"] += time.perf_counter() - start - computed
     return out
+
+
+def _answer_outdated(self: CachedRows, x: DeferredRows) -> torch.Tensor:
+    """The module's answer on rows handed out under a version their Deferred no longer
+    holds (:meth:`~somatize_torch.deferred.DeferredRows.outdated`), from the inputs that
+    came with them, warned of once per Deferred and version: rows made so may hold the
+    old data or the new (changed in place where the workers read it), which the cache
+    cannot tell apart, so none is recalled or kept. Rows that came without their input
+    are refused (:meth:`~somatize_torch.deferred.DeferredRows.loadable`)."""
+    seen = (x.source, x.version)
+    if seen not in self._outdated_warned:
+        self._outdated_warned.add(seen)
+        warnings.warn(
+            f"`{type(self.module).__name__}` is cached per row and was handed rows made "
+            f"under version {x.version!r} of a Deferred that holds "
+            f"{x.dataset().version!r} now (by persistent DataLoader workers, which hold it "
+            "as it was when they started): they are computed from the inputs that came "
+            "with them, and neither recalled nor kept. Make the DataLoader again to cache "
+            "them",
+            SomatizeWarning,
+            stacklevel=outside_level(),
+        )
+    return self._uncached(x)
 
 
 def _run(

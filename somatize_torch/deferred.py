@@ -50,7 +50,10 @@ cache whose version keys a Deferred without its own was given another
 (``cached.version = "v2"``: the data changed in place), are the old data's. Rows carry
 the Deferred's ``generation``, which moves with either change, and a cache computes
 rows that came with such inputs from inputs loaded now: under the new version it
-never keeps what the old data answers.
+never keeps what the old data answers. Rows handed out under a version of the
+Deferred's own that it no longer holds may carry the old data or the new (changed in
+place where the workers read it, too): a cache answers them from the inputs they carry,
+recalling and keeping none (:meth:`DeferredRows.outdated`).
 """
 
 from __future__ import annotations
@@ -417,20 +420,30 @@ class DeferredRows:
             )
         return found
 
+    def outdated(self) -> bool:
+        """Whether these rows were handed out under a version their :class:`Deferred` no
+        longer holds (made by a persistent DataLoader worker, which holds it as it was when
+        it started, or before it was given a new one). The inputs that came with them may
+        be the new data's all the same (changed in place, where the worker reads it: a
+        tensor in shared memory, files on disk): their rows are neither recalled nor kept
+        under either version."""
+        return self.dataset().version != self.version
+
     def loadable(self) -> Deferred:
         """The :class:`Deferred` these rows come from, if it holds the inputs of the version
         they were handed out under. One given other inputs under a new version since (a
         DataLoader's persistent workers hand out rows of the Deferred as it was when they
-        started) would load the new inputs, and the cache keep what they compute under the
-        rows' version, recalled for its samples after."""
+        started) would load the new inputs, answering rows of the old version from the
+        new data."""
         dataset = self.dataset()
-        if dataset.version != self.version:
+        if self.outdated():
             raise NotLoadable(
                 f"these rows were handed out under version {_named(self.version)} and their "
                 f"Deferred holds version {_named(dataset.version)} now: its inputs are no "
-                "longer the ones these rows name, and what they compute would be kept under "
-                "the old version. Make the DataLoader again after giving the Deferred other "
-                "inputs (persistent workers hold it as it was when they started)"
+                "longer the ones these rows name, and the rows that came without theirs "
+                "can be answered from neither version. Make the DataLoader again after "
+                "giving the Deferred a new version (persistent workers hold it as it was "
+                "when they started)"
             )
         return dataset
 
@@ -476,9 +489,8 @@ class DeferredRows:
         so their inputs are not loaded with the samples from now on (where a worker would
         load them for nothing)."""
         index = self.index if positions is None else self.index[list(positions)]
-        dataset = self.dataset()
-        if dataset.version == self.version:  # else answered for inputs it no longer holds
-            dataset.answered[index] = True
+        if not self.outdated():  # else answered for inputs it no longer holds
+            self.dataset().answered[index] = True
 
     def _indices(self, positions: Sequence[int]) -> list[int]:
         every: list[int] = self.index.tolist()

@@ -242,6 +242,9 @@ class CachedRows(nn.Module):
         self._lock = reading(store) if store is not None else None
         self._drift_warned = False
         self._unread_warned = False  # a store read that failed is warned of once
+        # The Deferreds (by name) and versions whose batches came under a version they no
+        # longer hold, warned of once each (`_row_lookup._answer_outdated`).
+        self._outdated_warned: set[tuple[str, str | None]] = set()
         # How many times rows were keyed anew since the module was cached: its state or its
         # declaration changed (weights loaded, a setting written), so no row kept before
         # is recalled after.

@@ -21,6 +21,7 @@ from torch.utils.data import (
 )
 
 from somatize import Store
+from somatize.errors import SomatizeWarning
 from somatize_torch import _row_lookup
 from somatize_torch.deferred import Deferred, DeferredRows, NotLoadable
 from somatize_torch.residency import ROW_INDEX_BYTES
@@ -779,11 +780,11 @@ def test_rows_handed_out_before_their_deferred_changed_version_are_not_loaded(
     tmp_path: Path,
 ) -> None:
     """Rows handed out under one version (by a DataLoader's persistent workers, which hold
-    the Deferred as it was when they started, or made before) whose Deferred was given other
-    inputs under a new version since are refused where a cache would load them, naming both
-    versions: the inputs loaded now are the new version's, and the cache would keep what
-    they compute under the old one, recalled for its samples after. A cache holding their
-    rows answers them without loading anything, and the new version's rows load its inputs."""
+    the Deferred as it was when they started, or made before) that came without their
+    inputs, whose Deferred was given a new version since, are refused naming both versions,
+    by a cache holding their rows too: the inputs loaded now are the new version's, and the
+    old version's rows may be of data changed since in place. The new version's rows load
+    its inputs."""
     first, second = images(14, 8), images(15, 8)
     data = Deferred(first, version="data@1")
     earlier = cache_rows(encoder(), tmp_path, key="index")
@@ -794,10 +795,12 @@ def test_rows_handed_out_before_their_deferred_changed_version_are_not_loaded(
         assert all(rows.given is None for rows in handed_out)
         data.inputs, data.version = second, "data@2"
         cached = cache_rows(nn.Sequential(encoder(), nn.Tanh()), tmp_path, key="index")
-        with pytest.raises(NotLoadable, match=r"handed out under version `data@1`.*`data@2`"):
-            cached(handed_out[0])
-        for rows in handed_out:
-            assert torch.equal(earlier(rows), earlier.module(first[rows.index]))
+        for each in (earlier, cached):
+            with (
+                pytest.warns(SomatizeWarning, match="DataLoader again"),
+                pytest.raises(NotLoadable, match=r"handed out under version `data@1`.*`data@2`"),
+            ):
+                each(handed_out[0])
         for rows in batches(data, size=4):
             assert torch.equal(cached(rows), cached.module(second[rows.index]))
 
@@ -806,8 +809,9 @@ def test_rows_that_came_with_their_inputs_before_a_new_version_are_answered_from
     tmp_path: Path,
 ) -> None:
     """Rows handed out under one version with their inputs (loaded by a worker holding the
-    Deferred as it was) are computed from those inputs and kept under that version, though
-    the Deferred holds another version now: nothing of the new version is loaded for them."""
+    Deferred as it was) are computed from those inputs, though the Deferred holds another
+    version now, and kept under neither: nothing of the new version is loaded for them, and
+    a cache of the old version finds none of them."""
     first, second = images(14, 8), images(15, 8)
     data = Deferred(first, version="data@1")
     with torch.no_grad():
@@ -815,9 +819,47 @@ def test_rows_that_came_with_their_inputs_before_a_new_version_are_answered_from
         assert all(rows.given is not None for rows in handed_out)
         data.inputs, data.version = second, "data@2"
         cached = cache_rows(encoder(), tmp_path, key="index")
-        for rows in handed_out:
-            assert torch.equal(cached(rows), cached.module(first[rows.index]))
-        assert cached.stats.computed == 8
+        with pytest.warns(SomatizeWarning, match="DataLoader again"):
+            for rows in handed_out:
+                assert torch.equal(cached(rows), cached.module(first[rows.index]))
+        assert cached.stats.computed == 0
+        cached.flush()
+        fresh = cache_rows(encoder(), tmp_path, key="index")
+        for rows in batches(Deferred(first, version="data@1"), size=4):
+            fresh(rows)
+        assert fresh.stats.from_store == 0
+
+
+def test_a_new_version_of_its_own_is_not_taken_from_workers_holding_the_old(
+    tmp_path: Path,
+) -> None:
+    """A Deferred with a version of its own whose inputs changed in place (a tensor in
+    shared memory, as files rewritten on disk) with a new version, its persistent
+    DataLoader kept: the workers hand out batches under the old version with the new
+    inputs. The cache answers them from the inputs they carry, recalling nothing kept
+    under the old version and keeping nothing under it, with a warning saying to make the
+    DataLoader again; a fresh cache recalls only the old data's rows under the old version."""
+    first, second = images(19, 16), images(20, 16)
+    data = Deferred(first.clone().share_memory_(), version="data@1")
+    cached = cache_rows(encoder(), tmp_path, key="index")
+    loader = DataLoader(data, batch_size=4, num_workers=2, persistent_workers=True)
+    with torch.no_grad():
+        for n, rows in enumerate(loader):
+            if n < 2:  # samples 0-7 kept under data@1, 8-15 not
+                assert torch.equal(cached(rows), cached.module(first[rows.index]))
+        data.inputs.copy_(second)
+        data.version = "data@2"
+        with pytest.warns(SomatizeWarning, match="DataLoader again") as warned:
+            for rows in loader:
+                assert len(rows.given_at) == len(rows)
+                assert torch.equal(cached(rows), cached.module(rows.load()))
+        assert len([w for w in warned if "DataLoader again" in str(w.message)]) == 1
+        cached.flush()
+        fresh = cache_rows(encoder(), tmp_path, key="index")
+        old = Deferred(first, version="data@1")
+        for rows in batches(old, size=4):
+            assert torch.allclose(fresh(rows), fresh.module(first[rows.index]), atol=1e-6)
+        assert fresh.stats.from_store == 8
 
 
 @pytest.mark.parametrize("in_place", [False, True], ids=["given", "in-place"])
