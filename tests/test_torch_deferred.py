@@ -830,18 +830,20 @@ def test_rows_that_came_with_their_inputs_before_a_new_version_are_answered_from
         assert fresh.stats.from_store == 0
 
 
+@pytest.mark.parametrize("was", ["data@1", None], ids=["its-own", "the-cache's"])
 def test_a_new_version_of_its_own_is_not_taken_from_workers_holding_the_old(
-    tmp_path: Path,
+    tmp_path: Path, was: str | None
 ) -> None:
-    """A Deferred with a version of its own whose inputs changed in place (a tensor in
-    shared memory, as files rewritten on disk) with a new version, its persistent
-    DataLoader kept: the workers hand out batches under the old version with the new
-    inputs. The cache answers them from the inputs they carry, recalling nothing kept
+    """A Deferred given a version of its own as its inputs changed in place (a tensor in
+    shared memory, as files rewritten on disk), its persistent DataLoader kept: the
+    workers hand out batches under the version before (its own, or the cache's) with the
+    new inputs. The cache answers them from the inputs they carry, recalling nothing kept
     under the old version and keeping nothing under it, with a warning saying to make the
     DataLoader again; a fresh cache recalls only the old data's rows under the old version."""
     first, second = images(19, 16), images(20, 16)
-    data = Deferred(first.clone().share_memory_(), version="data@1")
-    cached = cache_rows(encoder(), tmp_path, key="index")
+    lent = None if was else "data@1"  # the cache's version, where the Deferred has none
+    data = Deferred(first.clone().share_memory_(), version=was)
+    cached = cache_rows(encoder(), tmp_path, key="index", version=lent)
     loader = DataLoader(data, batch_size=4, num_workers=2, persistent_workers=True)
     with torch.no_grad():
         for n, rows in enumerate(loader):
@@ -855,9 +857,8 @@ def test_a_new_version_of_its_own_is_not_taken_from_workers_holding_the_old(
                 assert torch.equal(cached(rows), cached.module(rows.load()))
         assert len([w for w in warned if "DataLoader again" in str(w.message)]) == 1
         cached.flush()
-        fresh = cache_rows(encoder(), tmp_path, key="index")
-        old = Deferred(first, version="data@1")
-        for rows in batches(old, size=4):
+        fresh = cache_rows(encoder(), tmp_path, key="index", version=lent)
+        for rows in batches(Deferred(first, version=was), size=4):
             assert torch.allclose(fresh(rows), fresh.module(first[rows.index]), atol=1e-6)
         assert fresh.stats.from_store == 8
 
