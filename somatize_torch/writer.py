@@ -49,7 +49,9 @@ import atexit
 import contextlib
 import errno
 import logging
+import math
 import multiprocessing.util
+import operator
 import os
 import queue
 import sys
@@ -315,13 +317,13 @@ class Writer:
     ) -> None:
         self.store = store
         self.fingerprint = fingerprint
-        self.pending_bytes = int(pending_bytes)
+        self.pending_bytes = _bytes_setting("pending_bytes", pending_bytes)
         self._account = _Account()
         self._dropped: weakref.finalize[[_Backlog], Writer] | None = None
         backlog = _backlog_of(store, min(self.pending_bytes, 64 << 20))
         asked = {
-            "pack_bytes": None if pack_bytes is None else int(pack_bytes),
-            "linger": None if linger is None else float(linger),
+            "pack_bytes": None if pack_bytes is None else _bytes_setting("pack_bytes", pack_bytes),
+            "linger": None if linger is None else _linger_setting(linger),
         }
         backlog.agree(self, asked)
         self._begin(backlog)
@@ -361,7 +363,7 @@ class Writer:
 
     @pack_bytes.setter
     def pack_bytes(self, value: int) -> None:
-        self._backlog.pack_bytes = int(value)
+        self._backlog.pack_bytes = _bytes_setting("pack_bytes", value)
         self._backlog.asked["pack_bytes"] = weakref.WeakSet([self])
 
     @property
@@ -373,7 +375,7 @@ class Writer:
 
     @linger.setter
     def linger(self, value: float) -> None:
-        self._backlog.linger = float(value)
+        self._backlog.linger = _linger_setting(value)
         self._backlog.asked["linger"] = weakref.WeakSet([self])
 
     @property
@@ -504,6 +506,36 @@ class Writer:
 
     def _start(self) -> None:
         self._backlog.start()
+
+
+def _bytes_setting(name: str, value: object) -> int:
+    """``value`` as a writer's setting ``name``, a count of bytes: a whole number, 0 or more;
+    anything else is a ValueError saying so."""
+    try:
+        count = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        count = -1
+    if isinstance(value, bool) or count < 0:
+        raise ValueError(
+            f"{name}= is a whole number of bytes, 0 or more (16 MiB is 16 << 20), got {value!r}"
+        )
+    return count
+
+
+def _linger_setting(value: object) -> float:
+    """``value`` as a writer's ``linger``: seconds, 0 or more, ``math.inf`` to gather until
+    a flush or a full pack; anything else (NaN, a negative number, a string) is a ValueError
+    saying so, not a thread that gathers nothing or dies."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not seconds >= 0:
+        raise ValueError(
+            f"linger= is how many seconds rows are gathered, 0 or more (math.inf to gather "
+            f"until a flush or a full pack), got {value!r}"
+        )
+    return seconds
 
 
 PACK_BYTES = 16 << 20
@@ -1049,7 +1081,9 @@ def _run(backlog: _Backlog) -> None:
         # into few blobs (a recall then reads few); a flush or close cuts it short.
         until = time.monotonic() + backlog.gathering
         while size < backlog.pack_bytes:
-            left = until - time.monotonic()
+            # At most the longest wait a lock takes: a linger of hours, or math.inf, gathers
+            # until a flush or a full pack, where a longer timeout would end the thread.
+            left = min(until - time.monotonic(), threading.TIMEOUT_MAX)
             try:
                 more = backlog.queue.get(timeout=left) if left > 0 else backlog.queue.get_nowait()
             except queue.Empty:

@@ -9,6 +9,7 @@ import gc
 import inspect
 import json
 import logging
+import math
 import os
 import random
 import signal
@@ -2470,6 +2471,50 @@ def test_a_setting_is_held_while_any_writer_that_asked_for_it_lives(store: Store
     with pytest.raises(ValueError, match="linger"):
         Writer(store, linger=0.0)
     first.close()
+
+
+def test_a_writer_gathering_until_a_flush_writes_its_rows_at_the_flush(store: Store) -> None:
+    """``linger=math.inf`` gathers rows until a flush (or a full pack) rather than for a
+    while: the flush writes them, where a wait that long once ended the writer's thread
+    and left the flush, and the interpreter's exit, waiting for ever."""
+    key = f"blake3:{'c' * 64}"
+    writer = Writer(store, linger=math.inf)
+    writer.submit([key], torch.full((1, 4), 3.0))
+    flush = threading.Thread(target=writer.flush, daemon=True)
+    flush.start()
+    flush.join(timeout=60)
+    assert not flush.is_alive(), "the flush never ended: the writer's thread had died"
+    assert writer.kept_rows == 1
+    _, data = store.recall(key)
+    assert decode_rows([data])[0].tolist() == [3.0] * 4
+    writer.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value"),
+    [
+        ("linger", math.nan),
+        ("linger", -1.0),
+        ("linger", "1s"),
+        ("pack_bytes", -1),
+        ("pack_bytes", "16M"),
+        ("pending_bytes", -1),
+    ],
+)
+def test_a_writer_refuses_a_setting_it_cannot_follow(
+    store: Store, setting: str, value: object
+) -> None:
+    """A linger of NaN or below 0 would gather nothing, silently, and a count of bytes below
+    0 or no number at all would be taken for another: each is a ValueError naming the
+    setting and what it takes, at the writer's making and when set on a live writer."""
+    with pytest.raises(ValueError, match=f"{setting}= is .* 0 or more"):
+        Writer(store, **{setting: value})
+    writer = Writer(store, linger=0.0)
+    if setting != "pending_bytes":  # a writer's own, read as it is
+        with pytest.raises(ValueError, match=f"{setting}= is .* 0 or more"):
+            setattr(writer, setting, value)
+        assert (writer.linger, writer.pack_bytes) == (0.0, writer_module.PACK_BYTES)
+    writer.close()
 
 
 def _doubled_halves(self: Halves, x: torch.Tensor) -> torch.Tensor:
