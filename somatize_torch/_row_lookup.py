@@ -19,6 +19,7 @@ so their inputs stop coming with the samples.
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -509,6 +510,8 @@ def _unread(
         "the store let them go after they were looked up (a gc, in this process or "
         "another, or a file removed by hand), so nothing is wrong with it"
         if isinstance(why, Missing)
+        else "the store is not at fault"
+        if _out_of_files(why)
         else "`somatize store verify` looks the store over"
     )
     warnings.warn(
@@ -554,6 +557,13 @@ def _answers_now(
             stacklevel=outside_level(),
         )
     return False
+
+
+def _out_of_files(why: BaseException) -> bool:
+    """Whether ``why`` comes of this process having as many files open as it may: no
+    damage for `verify` to look for."""
+    cause = why.__cause__
+    return isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE)
 
 
 def _drifted(self: CachedRows, was: str | None) -> None:

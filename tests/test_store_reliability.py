@@ -1851,6 +1851,19 @@ def test_a_write_a_gc_elsewhere_keeps_taking_from_tmp_says_so(
     assert [path for path in (root / "blobs").rglob("*") if path.is_file()] == []
 
 
+def _run_on_store(script: str, root: Path) -> subprocess.CompletedProcess[str]:
+    """``script`` run by another Python, handed the store's ``root``: for limits (as
+    ``setrlimit`` sets) this process must not take on."""
+    return subprocess.run(
+        [sys.executable, "-c", script, str(root)],
+        cwd=Path(__file__).resolve().parent.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+
+
 _KEPT_UNDER_A_FILE_SIZE_LIMIT = """
 import os, resource, signal, sys
 from somatize.store import LocalStore, StoreError
@@ -1870,14 +1883,7 @@ def test_a_file_larger_than_may_be_written_is_a_clear_error(tmp_path: Path) -> N
     """A blob larger than the process may write (``ulimit -f``; a FAT32 disk says the same)
     is a StoreError saying why and what to do, small or large; nothing is left behind."""
     root = tmp_path / "store"
-    done = subprocess.run(
-        [sys.executable, "-c", _KEPT_UNDER_A_FILE_SIZE_LIMIT, str(root)],
-        cwd=Path(__file__).resolve().parent.parent,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
+    done = _run_on_store(_KEPT_UNDER_A_FILE_SIZE_LIMIT, root)
     said = done.stdout.splitlines()
     assert len(said) == 2, done
     for line in said:
@@ -1885,6 +1891,45 @@ def test_a_file_larger_than_may_be_written_is_a_clear_error(tmp_path: Path) -> N
         assert "ulimit -f" in line and "Nothing half-written was left" in line
     assert os.listdir(root / "tmp") == []
     assert [path for path in (root / "blobs").rglob("*") if path.is_file()] == []
+
+
+_USED_WITH_NO_FILE_LEFT_TO_OPEN = """
+import os, resource, sys
+from somatize.store import LocalStore, StoreError
+kept = LocalStore(sys.argv[1]).put(b"kept " * 100)
+store = LocalStore(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+held = []
+try:
+    while True:
+        held.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+for use in (lambda: store.put(b"new " * 100), lambda: store.get(kept)):
+    try:
+        use()
+    except StoreError as why:
+        print(why)
+for fd in held:
+    os.close(fd)
+print(bytes(store.get(kept)) == b"kept " * 100)
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="sets RLIMIT_NOFILE")
+def test_a_process_with_no_file_left_to_open_is_told_to_raise_its_limit(tmp_path: Path) -> None:
+    """A write or a read in a process holding as many files open as it may (a loader's
+    workers sharing tensors through files, a low ``ulimit -n``) is a StoreError saying so
+    and what to do, not a raw error taken for the store's fault; nothing is left behind,
+    nothing set aside, and once files are closed the store reads as before."""
+    root = tmp_path / "store"
+    done = _run_on_store(_USED_WITH_NO_FILE_LEFT_TO_OPEN, root)
+    said = done.stdout.splitlines()
+    assert len(said) == 3 and said[-1] == "True", done
+    for line in said[:2]:
+        assert "as many files open as it may" in line and "ulimit -n" in line
+    assert os.listdir(root / "tmp") == []
+    assert not (root / "quarantine").exists() or not any((root / "quarantine").rglob("*"))
 
 
 def test_a_pack_published_in_the_tick_its_folder_was_listed_in_is_found_later(

@@ -876,14 +876,17 @@ def test_a_damaged_pack_is_read_once_and_its_rows_written_again(
     again.close()
 
 
-def _fail_packs_listing(reader: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Makes every listing of ``reader``'s ``packs/`` fail with an I/O error."""
+def _fail_packs_listing(
+    reader: Store, monkeypatch: pytest.MonkeyPatch, code: int = errno.EIO
+) -> None:
+    """Makes every listing of ``reader``'s ``packs/`` fail with error ``code`` (an I/O
+    error unless told)."""
     packs = str(Path(reader.root) / "packs")
     listdir = os.listdir
 
     def failing(path: Any = ".") -> list[str]:
         if os.fspath(path) == packs:
-            raise OSError(errno.EIO, "Input/output error", packs)
+            raise OSError(code, os.strerror(code), packs)
         return listdir(path)
 
     monkeypatch.setattr(os, "listdir", failing)
@@ -917,6 +920,29 @@ def test_a_store_lookup_that_fails_computes_the_rows_and_says_so(
     assert torch.equal(cached(x), truth(x))  # the store answers again
     assert cached.stats.from_store == 16 and cached.stats.rows_unread == 20
     cached.close()
+
+
+def test_a_lookup_failing_for_want_of_open_files_blames_the_process_not_the_store(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup failing because the process holds as many files open as it may computes
+    the rows, and its warning says to raise the limit, not to look the store over with
+    ``verify``, which would find nothing wrong."""
+    x = rows(16)
+    first = cache_rows(mlp(), store)
+    first(x)
+    first.flush()
+    reader = Store(store.root)
+    _fail_packs_listing(reader, monkeypatch, errno.EMFILE)
+    cached = cache_rows(mlp(), reader, device_bytes=0, host_bytes=0)
+    with pytest.warns(SomatizeWarning) as said:
+        assert torch.equal(cached(x), truth(x))
+    warned = str(said[0].message)
+    assert "ulimit -n" in warned and "the store is not at fault" in warned
+    assert "verify" not in warned
+    monkeypatch.undo()
+    cached.close()
+    first.close()
 
 
 def test_every_flush_that_waited_for_a_failed_write_raises_it(

@@ -98,6 +98,16 @@ could change is copied first (see :func:`~somatize.store._packed.steady_runs`)."
 _AHEAD = 2
 """How many runs the writer goes on past the last one hashed: the copies held at once."""
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+
+_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
+"""Why a file could not be opened when this process (or the system) has as many open as it
+may: no fault of the store's."""
+
+_CLOSE_FILES = (
+    "this process has as many files open as it may, which is no fault of the store. Raise "
+    "its limit (`ulimit -n`, or `resource.setrlimit(resource.RLIMIT_NOFILE, ...)`), or "
+    "close files it holds (fewer DataLoader workers, fewer stores or datasets open)"
+)
 """What the filesystem says when this process may not change the store (a read-only disk,
 another user's files)."""
 _VERIFIED_HELD = 1 << 16
@@ -489,6 +499,11 @@ class LocalFiles(PackedHome):
             )
         if why.errno == errno.EXDEV:
             return StoreError(f"could not write {where} into {self.root}: {ONE_FILESYSTEM}")
+        if why.errno in _OUT_OF_FILES:
+            return StoreError(
+                f"could not write {where} into {self.root} ({why.strerror}): {_CLOSE_FILES}. "
+                "Nothing half-written was left and the store is as it was"
+            )
         return StoreError(f"could not write {where} into {self.root}: {why}")
 
     def _gone(self, doing: str) -> StoreError | None:
@@ -864,6 +879,8 @@ class LocalFiles(PackedHome):
         advice = (
             " Run this as a user who may read every file of the store"
             if isinstance(why, PermissionError)
+            else f" {_CLOSE_FILES[0].upper()}{_CLOSE_FILES[1:]}"
+            if why.errno in _OUT_OF_FILES
             else ""
         )
         return StoreError(
