@@ -51,7 +51,7 @@ import errno
 import logging
 import math
 import multiprocessing.util
-import operator
+import numbers
 import os
 import queue
 import sys
@@ -65,6 +65,7 @@ from typing import Any, Protocol
 import torch
 
 from somatize import Store, canonical
+from somatize._numbers import finite
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
 from somatize.store import JoinedWrite, StoreFull
@@ -509,17 +510,16 @@ class Writer:
 
 
 def _bytes_setting(name: str, value: object) -> int:
-    """``value`` as a writer's setting ``name``, a count of bytes: a whole number, 0 or more;
-    anything else is a ValueError saying so."""
-    try:
-        count = operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        count = -1
-    if isinstance(value, bool) or count < 0:
+    """``value`` as a writer's setting ``name``, a count of bytes: a finite number, 0 or
+    more, as a cache's memory budgets are (numpy's ints too); anything else is a ValueError
+    saying so."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)  # numpy's int64 is no int, and is a number of bytes all the same
+    if not finite(value) or value < 0:
         raise ValueError(
-            f"{name}= is a whole number of bytes, 0 or more (16 MiB is 16 << 20), got {value!r}"
+            f"{name}= is a number of bytes, 0 or more (16 MiB is 16 << 20), got {value!r}"
         )
-    return count
+    return int(value)
 
 
 def _linger_setting(value: object) -> float:

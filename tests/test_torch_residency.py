@@ -2524,6 +2524,7 @@ def test_a_writer_gathering_until_a_flush_writes_its_rows_at_the_flush(store: St
         ("linger", "1s"),
         ("pack_bytes", -1),
         ("pack_bytes", "16M"),
+        ("pack_bytes", math.inf),
         ("pending_bytes", -1),
     ],
 )
