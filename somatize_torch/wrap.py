@@ -960,6 +960,35 @@ def _refuse_wrapped_parts(model: nn.Module, declared: list[str]) -> None:
         )
 
 
+def _refuse_row_caches(model: nn.Module, cached: Iterable[str]) -> None:
+    """Refuses a submodule declared cached that is, or holds, a part cached per row
+    (``cache_rows``): that cache, its counts and memory with it, is part of what the
+    submodule is, which moves at every call, so no batch would ever be kept or recalled.
+    Undeclared, the wrapped model calls the row cache as it is, and it recalls its rows."""
+    from somatize_torch.rows import CachedRows  # rows builds on wrap
+
+    for name in cached:
+        part = model.get_submodule(name) if name else model
+        inner = next((p for p, one in part.named_modules() if isinstance(one, CachedRows)), None)
+        if inner is None:
+            continue
+        where = ".".join(p for p in (name, inner) if p)
+        what = (
+            f"`{name}` in cached=" if name else f"This `{type(model).__qualname__}`, cached whole,"
+        )
+        held = "is" if not inner else f"holds `{where}`, which is"
+        leave = f"leave `{name}` out of `cached=`" if name else "leave `cached=` off"
+        back = f"`model.{where} = model.{where}.module`" if where else "wrap its `.module`"
+        raise WrapError(
+            f"{what} {held} cached per row already (made by `somatize.torch.cache_rows`): "
+            "a cache per batch around it would key each batch by that cache too, whose "
+            "counts change at every call, so it would never keep or recall one. Cache one of "
+            f"the two: {leave} (undeclared, or in `frozen=` only, the row cache is called as "
+            "it is, and recalls its rows itself), or cache per batch the module itself, put "
+            f"back in place of its cache ({back})"
+        )
+
+
 def wrap(
     model: nn.Module,
     *,
@@ -1006,6 +1035,7 @@ def wrap(
                 "submodule is one node, never traced into. Declare one or the other"
             )
     _refuse_wrapped_parts(model, declared)
+    _refuse_row_caches(model, cached_names)
     if "" in declared:
         return _strict(_whole(model, frozen_names, cached_names, store), strict)
 

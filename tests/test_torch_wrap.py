@@ -970,6 +970,32 @@ def test_a_model_caching_a_part_per_row_is_wrapped_around_the_cache(store: Store
             assert torch.allclose(again(x, t), expected, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    ("frozen", "cached", "said"),
+    [
+        (["shared_encoder"], ["shared_encoder"], r"`shared_encoder` in cached= is cached per row"),
+        (True, True, r"cached whole, holds `shared_encoder`, which is cached per row"),
+    ],
+)
+def test_a_row_cache_declared_cached_per_batch_is_refused(
+    store: Store, frozen: Any, cached: Any, said: str
+) -> None:
+    """A row cache declared cached, or inside a part declared cached, ran at every call,
+    keeping no batch and saying nothing (its counts, part of its state, change as it
+    runs); it is refused naming it and what to declare, and declared frozen only it is
+    called as it is, and recalls its rows itself."""
+    model = CachesRows(store)
+    with pytest.raises(smt.WrapError, match=said + r".*shared_encoder\.module"):
+        smt.wrap(model, frozen=frozen, cached=cached, store=store)
+    wrapped = smt.wrap(model, frozen=["shared_encoder", "tower"], cached=["tower"], store=store)
+    smt.freeze(wrapped)
+    x, t = torch.randn(4, 6), torch.randn(4, 4)
+    wrapped(x, t)
+    wrapped(x, t)
+    assert model.shared_encoder.stats.recalled == 4
+    assert wrapped.counts["tower"] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
 def test_wrapping_a_single_module_needs_no_tracing(store: Store) -> None:
     """`wrap(module, frozen=True, cached=True)` works on a module fx cannot trace."""
     torch.manual_seed(0)
