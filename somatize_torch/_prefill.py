@@ -4,7 +4,7 @@ A first epoch through a cold cache computes every row inside the training loop;
 :func:`prefill` computes them beforehand, over the same loader or any other, and
 flushes them to the store, so that training, in this process or a later one,
 recalls from its first batch. Handed whatever a DataLoader yields, it must find the
-batch tensor in it (and, keyed by index, the indices): :func:`batch_at` says where
+batch tensor in it (and, keyed by index, the indices): :func:`batch_for` says where
 the batch tensor is, as :mod:`somatize_torch.ahead` asks too, to name the rows of
 the next batch. Indices are never guessed: a tuple's other items are as likely the
 labels as the indices, and labels that do not repeat within a batch pass every check
@@ -31,7 +31,7 @@ from somatize_torch.deferred import DeferredRows
 if TYPE_CHECKING:
     from somatize_torch.rows import CachedRows
 
-__all__ = ["batch_at", "length_of", "prefill"]
+__all__ = ["batch_at", "batch_for", "length_of", "prefill"]
 
 
 def length_of(loader: Iterable[Any]) -> int | None:
@@ -67,18 +67,34 @@ def _dict_key(item: Mapping[Any, Any]) -> str:
     return "x" if "x" in item else "input"
 
 
+def batch_for(item: Any, module: nn.Module) -> tuple[Any, ...] | None:
+    """Where the batch tensor for ``module`` is in what a DataLoader yields, by default:
+    where :func:`batch_at` finds it, or in a mapping with neither ``x`` nor ``input`` (a
+    tokenizer's output), under the name of the module's forward's first parameter
+    (:func:`named_by_forward`). None where there is no such tensor."""
+    path = batch_at(item)
+    if path is None and isinstance(item, Mapping):
+        path = named_by_forward(item, module)
+    return path
+
+
 def named_by_forward(item: Mapping[Any, Any], module: nn.Module) -> tuple[Any, ...] | None:
-    """Where the batch tensor is in a dict ``item`` with no ``x`` or ``input`` (a
-    tokenizer's output): under the name of the parameter of the module's forward it is
-    handed as, its first. None where the forward's signature cannot be read or no
-    tensor of the dict is named so; refused where another tensor of it names a parameter
-    too (an ``attention_mask``): the cache hands the module the batch alone, and would
-    leave that one out. The forward read is the one the cache calls (seen through
-    ``torch.compile`` and ``DataParallel``), which it hands the batch by keyword where its
-    first parameter is keyword-only."""
-    forward = _forward_of(module)
+    """Where the batch tensor is in a mapping ``item``: under the name of the parameter of
+    the module's forward it is handed as, its first. None where the forward's signature
+    cannot be read or no tensor of the mapping is named so."""
+    parameters = _forward_parameters(module)
+    if not parameters or not isinstance(item.get(parameters[0].name), torch.Tensor):
+        return None
+    return (parameters[0].name,)
+
+
+def _forward_parameters(module: nn.Module) -> list[inspect.Parameter] | None:
+    """The parameters of the forward the cache calls (seen through ``torch.compile`` and
+    ``DataParallel``), where its first is one a batch can be handed as (by place, or by
+    keyword where it is keyword-only); None where the signature cannot be read or it is
+    not."""
     try:
-        parameters = list(inspect.signature(forward).parameters.values())
+        parameters = list(inspect.signature(_forward_of(module)).parameters.values())
     except (TypeError, ValueError):
         return None
     named = (
@@ -88,9 +104,15 @@ def named_by_forward(item: Mapping[Any, Any], module: nn.Module) -> tuple[Any, .
     )
     if not parameters or parameters[0].kind not in named:
         return None
-    first = parameters[0].name
-    if not isinstance(item.get(first), torch.Tensor):
-        return None
+    return parameters
+
+
+def _refuse_beside(item: Mapping[Any, Any], module: nn.Module, first: str) -> None:
+    """Refuses a mapping ``item`` whose batch was found under ``first``, the name of the
+    module's forward's first parameter, where another tensor of it names a parameter too
+    (an ``attention_mask``): the cache hands the module the batch alone, and would leave
+    that one out."""
+    parameters = _forward_parameters(module) or []
     also = [p.name for p in parameters[1:] if isinstance(item.get(p.name), torch.Tensor)]
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         # `**kwargs` takes any name (a wrapper handing them on to a model): all but the
@@ -100,6 +122,7 @@ def named_by_forward(item: Mapping[Any, Any], module: nn.Module) -> tuple[Any, .
             for name, value in item.items()
             if name not in (first, "index") and isinstance(value, torch.Tensor)
         ]
+    forward = _forward_of(module)
     if also:
         raise TypeError(
             f"prefill found the batch under '{first}', the first parameter of "
@@ -113,15 +136,14 @@ def named_by_forward(item: Mapping[Any, Any], module: nn.Module) -> tuple[Any, .
             "dim=1), taken apart in the forward). Where no row is padded, pass "
             f"inputs=lambda item: item['{first}'] to cache it without them"
         )
-    return (first,)
 
 
 def _inputs(
     batch: Any, key: KeyMode, module: nn.Module
 ) -> tuple[torch.Tensor | DeferredRows, torch.Tensor | None]:
     """The batch tensor (and, keyed by index, the indices) of what a DataLoader yields:
-    the tensor :func:`batch_at` finds, or a dict's that names the module's forward's
-    first parameter (:func:`named_by_forward`), and a dict's ``index``; or the
+    the tensor :func:`batch_for` finds (one found by the name of the module's forward's
+    first parameter, alone of the forward's parameters), and a dict's ``index``; or the
     :class:`DeferredRows` that is the item or a tuple's first."""
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], DeferredRows):
         return batch[0], None
@@ -129,9 +151,9 @@ def _inputs(
         return batch[_dict_key(batch)], None  # a `StackDataset(x=Deferred(...), y=labels)`
     if isinstance(batch, DeferredRows):
         return batch, None
-    path = batch_at(batch)
-    if path is None and isinstance(batch, Mapping):
-        path = named_by_forward(batch, module)
+    path = batch_for(batch, module)
+    if isinstance(batch, Mapping) and path is not None and path != batch_at(batch):
+        _refuse_beside(batch, module, path[0])
     if path is None:
         raise TypeError(
             f"prefill cannot tell the batch tensor in a `{type(batch).__name__}` the loader "

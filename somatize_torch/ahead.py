@@ -35,7 +35,9 @@ Which tensor of a loader item is the cached module's input is learned: after eac
 step, the tensor of the item that a cache was last called with (found by identity
 among the item's tensors) is the one named in the items after it; before the first
 step, a tensor item, or a tuple's or list's first tensor, or a dict's ``x`` or
-``input``. ``inputs=`` says it outright. A cache whose forwards never use the names
+``input``, or, in a dict with neither (a tokenizer's), the tensor named as the
+cache's module's forward's first parameter, as :func:`~somatize_torch.rows.prefill`
+takes it. ``inputs=`` says it outright. A cache whose forwards never use the names
 made for it (the loop feeds it something the loader did not yield, or changes the
 batch first) is no longer named for after a few batches, so the thread does not
 spend a core for nothing; and the names no forward took are let go when the pass
@@ -113,8 +115,8 @@ from somatize_torch._ahead_passes import (
     _Stamp,
     _tensors,
 )
-from somatize_torch._prefill import check_callable, check_flag, check_loader
-from somatize_torch.rows import CachedRows, batch_at
+from somatize_torch._prefill import batch_for, check_callable, check_flag, check_loader
+from somatize_torch.rows import CachedRows
 
 __all__ = ["Ahead", "ahead"]
 
@@ -333,7 +335,7 @@ class Ahead(Generic[T]):
             return self.inputs(item)
         path = self._paths.get(id(cache))
         if path is None:
-            path = batch_at(item)
+            path = batch_for(item, cache.module)
         return None if path is None else _at(item, path)
 
     # -- on the loop's thread, after each step

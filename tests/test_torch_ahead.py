@@ -16,7 +16,15 @@ from somatize import Store
 from somatize_torch.ahead import _UNUSED_LIMIT, Ahead, ahead
 from somatize_torch.digest import RowsLater
 from somatize_torch.rows import CachedRows, cache_rows
-from tests.test_torch_rows import encoder, expected, images, loader
+from tests.test_torch_rows import (
+    MaskedTokens,
+    PooledTokens,
+    encoder,
+    expected,
+    images,
+    loader,
+    tokenized,
+)
 
 
 @pytest.fixture
@@ -157,6 +165,26 @@ def test_which_tensor_is_the_input_is_learned_from_the_steps(warm: CachedRows) -
     # second is fetched after it: a first pass fetches in order until the loader is seen
     # to hand out fresh memory.)
     assert warm.used_ahead == 8 - 1
+
+
+@pytest.mark.parametrize("module", [PooledTokens, MaskedTokens])
+def test_a_tokenizer_s_dict_is_named_from_its_first_batch(
+    store: Store, module: Callable[[], nn.Module]
+) -> None:
+    """A dict with no ``x`` or ``input`` (a tokenizer's ``input_ids`` and
+    ``attention_mask``) is named by the tensor under the name of the module's forward's
+    first parameter, as ``prefill`` takes it, from the first batch on: the first was left
+    unnamed, to be learned from the step. A mask the forward takes too is no refusal
+    here: the loop says what it hands the cache, and a wrong guess is learned away."""
+    batches = tokenized(32)
+    cached = cache_rows(module(), store)
+    for batch in batches:
+        cached(batch["input_ids"])
+    cached.reset_stats()
+    for batch in ahead(batches, cached):
+        assert torch.equal(cached(batch["input_ids"]), cached.module(batch["input_ids"]))
+    assert cached.used_ahead == len(batches) == 8
+    cached.close()
 
 
 def test_inputs_says_which_tensor_outright(warm: CachedRows) -> None:
