@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -293,3 +294,34 @@ def test_a_read_only_bucket_store_is_not_compacted() -> None:
     reader = BucketStore(url, read_only=True, **s3_options())
     with pytest.raises(StoreError, match="compact"):
         reader.compact(grace=0)
+
+
+def test_a_record_kept_while_merging_wins_over_a_pack_stamped_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A merged pack is stamped after its newest member, which a writer whose clock runs
+    ahead stamped in the future. A key of an older member kept again meanwhile, by a writer
+    on the right time, is newer than that member but older than the merged pack: its new
+    answer is the one served still, the merge of what it changed left undone."""
+    store = LocalStore(tmp_path)
+    kept = _kept_in_batches(store, 2)
+    ahead = time.time() + 600
+    monkeypatch.setattr(time, "time", lambda: ahead)
+    kept.update(_kept_in_batches(LocalStore(tmp_path), 1, first=100))  # stamped 10 min ahead
+    monkeypatch.undo()
+    writer = LocalStore(tmp_path)
+    writer.recall(key_of(0))  # knows the pack of key 0, stamped before now
+    put = LocalStore._put
+
+    def put_while_writing(self: LocalStore, data: Any, claims: list[str]) -> str:
+        if self is store and key_of(0) in kept:
+            del kept[key_of(0)]
+            writer.keep(key_of(0), b"kept again", "plain")
+        return put(self, data, claims)
+
+    monkeypatch.setattr(LocalStore, "_put", put_while_writing)
+    store.compact(grace=0)
+    monkeypatch.undo()
+    store.gc(grace=0)
+    assert bytes(LocalStore(tmp_path).recall(key_of(0))[1]) == b"kept again"
+    assert _recalled(LocalStore(tmp_path), kept) == kept

@@ -12,7 +12,9 @@ loses nothing:
    after the newest of its members (not now): it replaces them, and nothing newer. Packs
    that share a key with a record, with a pack that is not merged (damaged, unsigned, its
    blob missing, too large), or with a pack of another codec or fingerprint, are left as
-   they are: the newest answer to each key is still the one served.
+   they are: the newest answer to each key is still the one served. So is a group one of
+   whose keys was kept again after the listing, found by a look just before the index is
+   published: the merged pack, stamped after the newest member, might win over that answer.
 2. **Remove.** A pack every key of which a newer pack answers serves nothing: a reader
    picks the newer one. Its index is removed once that newer pack's index is older than
    ``grace`` seconds (what gc waits before it removes a file nothing refers to), and gc
@@ -81,6 +83,8 @@ class _Compacting(_Packing, Protocol):
 
     def _forget_all(self) -> None: ...
 
+    def _records_among(self, keys: Sequence[str]) -> dict[str, bytes]: ...
+
 
 class _Packs:
     """The trusted packs of a store as one listing found them, and what else answers keys."""
@@ -94,6 +98,9 @@ class _Packs:
         """Blob digest → its size, for every blob in ``blobs/``."""
         self.recorded: set[str] = set()
         """Keys some record in ``answers/`` answers."""
+        self.later: dict[str, frozenset[str] | None] = {}
+        """Pack id → the keys it answers, for each pack published since this listing and read
+        since (None: one written by a newer somatize, which may answer any key)."""
         for entry in home._entries("packs"):
             if _laid_out("packs", entry.name):
                 self.listed[f"blake3:{entry.name}"] = entry
@@ -150,7 +157,7 @@ def compact(home: _Compacting, grace: float) -> Compacted:
     out = Compacted()
     packs = _Packs(home)
     for group in _groups(packs):
-        if _merge(home, group):
+        if _merge(home, packs, group):
             out.merged += len(group)
             out.written += 1
     home._forget_all()  # the packs it holds in memory are looked at again
@@ -222,10 +229,10 @@ def _served_bytes(group: Sequence[PackIndex]) -> int:
     return sum(pack.entries[key][1] for key, pack in _winners(group).items())
 
 
-def _merge(home: _Compacting, group: Sequence[PackIndex]) -> bool:
+def _merge(home: _Compacting, packs: _Packs, group: Sequence[PackIndex]) -> bool:
     """Writes the items ``group`` serves as one pack, stamped just after its newest member;
-    False where a member's blob is gone or damaged (a gc or verify elsewhere), and nothing
-    was written."""
+    False where a member's blob is gone or damaged (a gc or verify elsewhere), or where one
+    of its keys was kept again since ``packs`` was listed, and no index was written."""
     winners = _winners(group)
     try:
         blobs = {pack.id: home._read_blob(pack.blob, pack.size, True) for pack in group}
@@ -243,9 +250,45 @@ def _merge(home: _Compacting, group: Sequence[PackIndex]) -> bool:
     created = math.nextafter(newest.created, math.inf)
     with home._keeping() as claims:  # the blob is this compaction's until its index is out
         blob = home._put(pieces, claims)
+        if _kept_again_since(home, packs, keys):
+            return False  # the blob, referred to by nothing, goes at a gc
         index_pack(home, blob, keys, lengths, newest.codec, newest.fingerprint, created=created)
         home._published(claims)
     return True
+
+
+def _kept_again_since(home: _Compacting, packs: _Packs, keys: Sequence[str]) -> bool:
+    """Whether a record or pack published since ``packs`` was listed answers one of ``keys``.
+    The merged pack, stamped after its newest member, would win over it, though it may be
+    newer than the member that held its key: kept by a writer whose clock runs behind the
+    one that stamped the newest member, or stamped before the listing and published after.
+    Looked at once the merged blob is written, just before its index would be."""
+    if home._records_among(keys):
+        return True  # no key of a group had a record when it was listed
+    unread = [
+        entry.name
+        for entry in home._entries("packs")
+        if _laid_out("packs", entry.name)
+        and f"blake3:{entry.name}" not in packs.listed
+        and f"blake3:{entry.name}" not in packs.later
+    ]
+    for name, data in home._read_many("packs", unread).items():
+        if data is not None:
+            packs.later[f"blake3:{name}"] = _keys_of_later(home, name, data)
+    wanted = set(keys)
+    return any(held is None or not wanted.isdisjoint(held) for held in packs.later.values())
+
+
+def _keys_of_later(home: _Compacting, name: str, data: bytes) -> frozenset[str] | None:
+    """The keys pack index ``data``, published during the compaction, answers: none where it
+    is damaged or unsigned, as a reader finds; None where a newer somatize wrote it (it may
+    answer any)."""
+    try:
+        return frozenset(decode_pack(f"blake3:{name}", data, home.signer).entries)
+    except NewerFormat:
+        return None
+    except Corrupt:
+        return frozenset()
 
 
 def _remove_replaced(home: _Compacting, packs: _Packs, grace: float, out: Compacted) -> None:
