@@ -3,6 +3,7 @@ only once that is safe: every row is recalled, and never a wrong one, whenever i
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -325,3 +326,62 @@ def test_a_record_kept_while_merging_wins_over_a_pack_stamped_ahead(
     store.gc(grace=0)
     assert bytes(LocalStore(tmp_path).recall(key_of(0))[1]) == b"kept again"
     assert _recalled(LocalStore(tmp_path), kept) == kept
+
+
+_READER = """
+import json, sys
+from somatize.store import BucketStore, LocalStore
+
+where, keys = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+if "url" in where:
+    store = BucketStore(where["url"], cache=where["cache"], **where["options"])
+else:
+    store = LocalStore(where["root"])
+store.recall_many(keys[:{rows}], borrow=True)  # a batch of the epoch: every pack adopted
+store.recall(keys[0])  # and one row alone: the packs are taken for looked at
+print("ready", flush=True)
+sys.stdin.readline()  # the small packs and their blobs are removed meanwhile
+alone = {{key: bytes(store.recall(key)[1]).decode() for key in keys[{rows}::2]}}
+many = store.recall_many(keys[{rows} + 1::2], borrow=True)
+print(json.dumps({{
+    "have": sorted(store.have(keys)),
+    "alone": alone,
+    "many": {{key: bytes(found[1]).decode() for key, found in many.items()}},
+}}))
+"""
+
+
+@pytest.mark.parametrize("home", ["local", "bucket", "bucket with a cache"])
+def test_a_reader_in_another_process_mid_epoch_recalls_every_row(tmp_path: Path, home: str) -> None:
+    """A process that read the small packs' indexes (a row cache mid-epoch) goes on after
+    another process compacts and collects the store: every row is recalled, alone and many
+    at once, from the merged pack, and none is wrong or missing."""
+    if home == "local":
+        where: dict[str, Any] = {"root": str(tmp_path)}
+        opened: Any = lambda: LocalStore(tmp_path)  # noqa: E731
+    else:
+        cache = str(tmp_path / "cache") if home.endswith("cache") else None
+        where = {"url": s3_url(), "options": s3_options(), "cache": cache}
+        opened = lambda: BucketStore(where["url"], **s3_options())  # noqa: E731
+    kept = _kept_in_batches(opened())
+    keys = list(kept)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    script = _READER.format(rows=ROWS)
+    with subprocess.Popen(
+        [sys.executable, "-c", script, json.dumps(where), json.dumps(keys)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+    ) as reader:
+        assert reader.stdout is not None and reader.stdin is not None
+        assert reader.stdout.readline() == "ready\n"
+        assert opened().compact(grace=0).removed == BATCHES
+        collected = opened().gc(grace=0)
+        assert collected.blobs == BATCHES  # the small packs' blobs are gone
+        found, _ = reader.communicate("go\n")
+    assert reader.returncode == 0
+    said = json.loads(found)
+    assert said["have"] == sorted(keys)
+    rest = {key: row.decode() for key, row in kept.items() if key not in keys[:ROWS]}
+    assert {**said["alone"], **said["many"]} == rest

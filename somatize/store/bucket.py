@@ -1268,6 +1268,13 @@ class BucketStore(BucketShelf):
                 if self._forgets == forgets:
                     self._packs_seen = True
 
+    def _list_again(self) -> None:
+        """The next answer looks at ``packs/`` before the cache in front: a pack this object
+        adopted may be gone with its blob (merged into a larger one by a compaction), and
+        the cache, which holds a copy of its index, would answer from it again."""
+        with self._lock:
+            self._packs_seen = False
+
     def answer(self, key: str) -> Answer | None:
         while True:
             forgets = self._forgets
