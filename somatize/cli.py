@@ -430,7 +430,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--grace",
         type=float,
         default=60.0,
-        help="remove a replaced pack once its replacement is this old (s)",
+        help="merge packs older than this, and remove a replaced pack once its replacement "
+        "is this old (s)",
     )
     verify = commands.add_parser("verify", parents=[common], help="re-hash and check everything")
     verify.add_argument("--quarantine", action="store_true", help="move what is damaged aside")

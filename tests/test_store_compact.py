@@ -73,10 +73,15 @@ def test_compaction_merges_packs_and_every_row_is_recalled(tmp_path: Path) -> No
     assert LocalStore(tmp_path).verify().ok
 
 
-def test_small_packs_stay_until_their_replacement_is_older_than_grace(tmp_path: Path) -> None:
+def test_small_packs_stay_until_their_replacement_is_older_than_grace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A replaced pack is removed only at a compaction once the new one is ``grace`` old."""
     store = LocalStore(tmp_path)
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() - 7200)  # kept two hours ago
     kept = _kept_in_batches(store)
+    monkeypatch.undo()
     done = store.compact(grace=3600)
     assert (done.written, done.removed, done.waiting) == (1, 0, BATCHES)
     assert len(_packs(tmp_path)) == BATCHES + 1
@@ -297,34 +302,35 @@ def test_a_read_only_bucket_store_is_not_compacted() -> None:
         reader.compact(grace=0)
 
 
-def test_a_record_kept_while_merging_wins_over_a_pack_stamped_ahead(
+def test_a_record_kept_while_merging_wins_over_the_merged_pack(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A merged pack is stamped after its newest member, which a writer whose clock runs
-    ahead stamped in the future. A key of an older member kept again meanwhile, by a writer
-    on the right time, is newer than that member but older than the merged pack: its new
-    answer is the one served still, the merge of what it changed left undone."""
-    store = LocalStore(tmp_path)
-    kept = _kept_in_batches(store, 2)
-    ahead = time.time() + 600
-    monkeypatch.setattr(time, "time", lambda: ahead)
-    kept.update(_kept_in_batches(LocalStore(tmp_path), 1, first=100))  # stamped 10 min ahead
+    """A merged pack is stamped after its newest member. A key of an older member kept
+    again while the compaction merges, stamped between the two (a write in flight as the
+    store was listed, or a writer whose clock runs behind), is newer than the pack that held
+    it: its answer is still the one served, and that merge is left undone."""
+    real = time.time
+    for hours in (3, 1):  # a pack kept three hours ago, one an hour ago
+        monkeypatch.setattr(time, "time", lambda hours=hours: real() - hours * 3600)
+        _kept_in_batches(LocalStore(tmp_path), 1, first=hours * 100)
     monkeypatch.undo()
-    writer = LocalStore(tmp_path)
-    writer.recall(key_of(0))  # knows the pack of key 0, stamped before now
+    kept = {key_of(n): row_of(n) for n in [*range(100, 100 + ROWS), *range(300, 300 + ROWS)]}
+    store, writer = LocalStore(tmp_path), LocalStore(tmp_path)
+    writer.recall(key_of(300))  # knows the pack of key 300, kept three hours ago
     put = LocalStore._put
 
     def put_while_writing(self: LocalStore, data: Any, claims: list[str]) -> str:
-        if self is store and key_of(0) in kept:
-            del kept[key_of(0)]
-            writer.keep(key_of(0), b"kept again", "plain")
+        if self is store and kept[key_of(300)] != b"kept again":
+            kept[key_of(300)] = b"kept again"
+            with monkeypatch.context() as clock:
+                clock.setattr(time, "time", lambda: real() - 2 * 3600)  # stamped 2 h ago
+                writer.keep(key_of(300), b"kept again", "plain")
         return put(self, data, claims)
 
     monkeypatch.setattr(LocalStore, "_put", put_while_writing)
     store.compact(grace=0)
     monkeypatch.undo()
     store.gc(grace=0)
-    assert bytes(LocalStore(tmp_path).recall(key_of(0))[1]) == b"kept again"
     assert _recalled(LocalStore(tmp_path), kept) == kept
 
 
@@ -385,3 +391,27 @@ def test_a_reader_in_another_process_mid_epoch_recalls_every_row(tmp_path: Path,
     assert said["have"] == sorted(keys)
     rest = {key: row.decode() for key, row in kept.items() if key not in keys[:ROWS]}
     assert {**said["alone"], **said["many"]} == rest
+
+
+def test_a_key_kept_again_after_compaction_by_a_clock_behind_wins(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer that read the small packs before the compaction keeps a key of an old pack
+    again after it, on a clock a few seconds behind: its answer wins, as it did over the
+    small pack. A pack stamped within the grace is not merged, so the merged pack is stamped
+    no later than that, and a clock less than the grace behind stamps after it."""
+    real = time.time
+    hour_ago = real() - 3600
+    monkeypatch.setattr(time, "time", lambda: hour_ago)
+    kept = _kept_in_batches(LocalStore(tmp_path), 2)  # kept an hour ago
+    monkeypatch.undo()
+    kept.update(_kept_in_batches(LocalStore(tmp_path), 1, first=100))  # kept just now
+    writer = LocalStore(tmp_path)
+    writer.recall(key_of(0))  # knows the small pack of key 0, not what merges it
+    done = LocalStore(tmp_path).compact(grace=60)
+    monkeypatch.setattr(time, "time", lambda: real() - 5)  # a clock 5 s behind
+    writer.keep(key_of(0), b"kept again", "plain")
+    monkeypatch.undo()
+    kept[key_of(0)] = b"kept again"
+    assert _recalled(LocalStore(tmp_path), kept) == kept
+    assert (done.merged, done.written) == (2, 1)  # the pack kept just now is left as it is

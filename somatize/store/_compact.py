@@ -15,6 +15,9 @@ loses nothing:
    they are: the newest answer to each key is still the one served. So is a group one of
    whose keys was kept again after the listing, found by a look just before the index is
    published: the merged pack, stamped after the newest member, might win over that answer.
+   A pack stamped less than ``grace`` seconds ago is not merged yet: a writer that has not
+   seen the merged pack stamps a key it keeps again by its own clock, and one behind by less
+   than the grace still stamps it after the merged pack.
 2. **Remove.** A pack every key of which a newer pack answers serves nothing: a reader
    picks the newer one. Its index is removed once that newer pack's index is older than
    ``grace`` seconds (what gc waits before it removes a file nothing refers to), and gc
@@ -156,7 +159,7 @@ def compact(home: _Compacting, grace: float) -> Compacted:
         )
     out = Compacted()
     packs = _Packs(home)
-    for group in _groups(packs):
+    for group in _groups(packs, time.time() - grace):
         if _merge(home, packs, group):
             out.merged += len(group)
             out.written += 1
@@ -171,9 +174,12 @@ def _newest(pack: PackIndex) -> tuple[float, str]:
     return (pack.created, pack.id)
 
 
-def _groups(packs: _Packs) -> list[list[PackIndex]]:
+def _groups(packs: _Packs, before: float) -> list[list[PackIndex]]:
     """The packs to merge, in groups of one codec and fingerprint whose items, one answer a
-    key, fit a pack; each key of a group is answered by no pack outside it nor any record."""
+    key, fit a pack; each key of a group is answered by no pack outside it nor any record.
+    Only packs stamped ``before`` are merged: the merged pack is stamped after its newest
+    member, and a writer that has not seen it yet stamps a key it keeps again by its own
+    clock, which may run behind the one that stamped that member (up to the grace)."""
     parent: dict[str, str] = {}
 
     def root(pack_id: str) -> str:
@@ -196,7 +202,10 @@ def _groups(packs: _Packs) -> list[list[PackIndex]]:
     for component in joined.values():
         size = _served_bytes(component)
         kinds = {(pack.codec, pack.fingerprint) for pack in component}
-        small = all(pack.size < PACK_BYTES // 2 and packs.whole(pack) for pack in component)
+        small = all(
+            pack.size < PACK_BYTES // 2 and packs.whole(pack) and pack.created < before
+            for pack in component
+        )
         recorded = any(key in packs.recorded for pack in component for key in pack.entries)
         # A key in two packs: the older one waits to be removed (a merge not yet settled),
         # or a writer kept the key again; either way it is left as it is.

@@ -1301,10 +1301,11 @@ class PackedHome(Spills, Store):
         return result
 
     def compact(self, *, grace: float = 60.0) -> Compacted:
-        """Merges small packs into packs of up to :data:`~somatize.store.records.PACK_BYTES`
-        (their blob, then their signed index), then removes the index of each pack a newer
-        one replaces once that one is older than ``grace`` seconds; a gc removes their blobs.
-        Every row stays readable whenever it stops (see :mod:`somatize.store._compact`)."""
+        """Merges small packs older than ``grace`` seconds into packs of up to
+        :data:`~somatize.store.records.PACK_BYTES` (their blob, then their signed index),
+        then removes the index of each pack a newer one replaces once that one is older than
+        ``grace`` seconds; a gc removes their blobs. Every row stays readable whenever it
+        stops (see :mod:`somatize.store._compact`)."""
         self._refuse_unmarked("compact")
         return compact(self, grace)
 

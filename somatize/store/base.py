@@ -766,10 +766,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def compact(self, *, grace: float = 60.0) -> Compacted:
-        """Merges small packs into large ones, published whole before any small one is
-        removed; removes a small pack once the pack replacing it is older than ``grace``
-        seconds (a later gc removes its blob). Every kept row is recalled whenever it stops,
-        and the newest answer to each key is still the one served."""
+        """Merges small packs older than ``grace`` seconds into large ones, published whole
+        before any small one is removed; removes a small pack once the pack replacing it is
+        older than ``grace`` seconds (a later gc removes its blob). Every kept row is
+        recalled whenever it stops, and the newest answer to each key is still the one
+        served."""
 
     @abc.abstractmethod
     def verify(self, *, quarantine: bool = False, progress: Progress | None = None) -> Verified:
