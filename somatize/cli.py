@@ -548,6 +548,12 @@ def _say_compacted(done: Compacted, grace: float, out: Any) -> None:
         "newer ones replace (a gc removes their blobs)",
         file=out,
     )
+    if done.young:
+        print(
+            f"{done.young} packs kept within --grace {grace:g}s are not merged yet: "
+            "compact again later",
+            file=out,
+        )
     if done.waiting:
         print(
             f"{done.waiting} replaced packs are left until their replacement is older than "

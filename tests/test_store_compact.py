@@ -414,4 +414,17 @@ def test_a_key_kept_again_after_compaction_by_a_clock_behind_wins(
     monkeypatch.undo()
     kept[key_of(0)] = b"kept again"
     assert _recalled(LocalStore(tmp_path), kept) == kept
-    assert (done.merged, done.written) == (2, 1)  # the pack kept just now is left as it is
+    assert (done.merged, done.written, done.young) == (2, 1, 1)  # the pack kept just now
+
+
+def test_the_command_line_says_young_packs_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Packs kept within the grace are not merged, and the command line says so."""
+    kept = _kept_in_batches(LocalStore(tmp_path), 3)
+    assert main(["store", "compact", "--store", str(tmp_path), "--grace", "3600"]) == 0
+    said = capsys.readouterr().out
+    assert "merged 0 packs into 0" in said
+    assert "3 packs kept within --grace 3600s are not merged yet" in said
+    assert len(_packs(tmp_path)) == 3
+    assert _recalled(LocalStore(tmp_path), kept) == kept

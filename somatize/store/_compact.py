@@ -69,6 +69,8 @@ class Compacted:
     answers (their blobs go at the next gc)."""
     waiting: int = 0
     """Packs a newer pack replaces, left until that one is older than ``grace``."""
+    young: int = 0
+    """Small packs kept less than ``grace`` ago, not merged: a later compaction merges them."""
 
 
 class _Compacting(_Packing, Protocol):
@@ -159,7 +161,11 @@ def compact(home: _Compacting, grace: float) -> Compacted:
         )
     out = Compacted()
     packs = _Packs(home)
-    for group in _groups(packs, time.time() - grace):
+    before = time.time() - grace
+    out.young = sum(
+        pack.size < PACK_BYTES // 2 and pack.created >= before for pack in packs.trusted.values()
+    )
+    for group in _groups(packs, before):
         if _merge(home, packs, group):
             out.merged += len(group)
             out.written += 1
