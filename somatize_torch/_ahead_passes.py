@@ -26,7 +26,7 @@ import logging
 import random
 import sys
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -58,14 +58,16 @@ _Name = tuple[CachedRows, int, weakref.ref[torch.Tensor]]
 
 
 def _tensors(item: Any, path: Path = (), depth: int = 3) -> Iterator[tuple[Path, torch.Tensor]]:
-    """Every tensor in ``item`` (nested tuples, lists and dicts, ``depth`` levels), with
-    the path of indices and keys that reaches it."""
+    """Every tensor in ``item`` (nested tuples, lists and mappings, ``depth`` levels), with
+    the path of indices and keys that reaches it. A mapping that is no dict (a tokenizer's
+    ``BatchEncoding``) is looked into as a dict is, so its input is learned and a buffer
+    refilled in it is seen."""
     if isinstance(item, torch.Tensor):
         yield path, item
     elif depth > 0 and isinstance(item, (tuple, list)):
         for i, part in enumerate(item):
             yield from _tensors(part, (*path, i), depth - 1)
-    elif depth > 0 and isinstance(item, dict):
+    elif depth > 0 and isinstance(item, Mapping):
         for key, part in item.items():
             yield from _tensors(part, (*path, key), depth - 1)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections import UserDict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -895,3 +896,49 @@ def test_ahead_refuses_a_tensor_a_dataset_and_settings_of_the_wrong_kind(
         ahead(loader(data), warm, inputs=0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"check_draws= is True or False, got 'no'"):
         ahead(loader(data), warm, check_draws="no")  # type: ignore[arg-type]
+
+
+class Encoding(UserDict[str, torch.Tensor]):
+    """A mapping that is no dict, as a tokenizer's ``BatchEncoding`` is."""
+
+
+def test_which_tensor_of_a_mapping_is_the_input_is_learned_from_the_steps(
+    warm: CachedRows,
+) -> None:
+    """A batch that is a mapping but no dict (a ``BatchEncoding``) is looked into as a
+    dict is: its input is learned from the steps and named ahead. It was never named."""
+    data = images(64)
+    truth = expected(warm.module, data)
+    items = DataLoader(Labelled(data), batch_size=8, shuffle=True, collate_fn=_as_encoding)
+    for item in ahead(items, warm):
+        assert torch.equal(warm(item["image"]), truth[item["index"]])
+    assert warm.used_ahead == 8 - 1
+
+
+def _as_encoding(samples: list[dict[str, torch.Tensor]]) -> Encoding:
+    return Encoding(torch.utils.data.default_collate(samples))
+
+
+class RefillingEncoding(Refilling):
+    """``Refilling``, its batches handed out in a mapping that is no dict."""
+
+    def __iter__(self) -> Iterator[Any]:
+        for x, index in super().__iter__():
+            yield Encoding(image=x, index=index)
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_loader_refilling_one_buffer_in_a_mapping_is_fetched_in_order(
+    warm: CachedRows, depth: int
+) -> None:
+    """A loader refilling one buffer it hands out in a mapping that is no dict is seen to,
+    and fetched in order: every step gets its own batch. It was fetched ahead, and steps
+    got the next batch's inputs beside their own indices."""
+    data = images(64)
+    truth = expected(warm.module, data)
+    batches = ahead(RefillingEncoding(data, "torch"), warm, depth=depth)
+    for _ in range(2):
+        for item in batches:
+            torch.testing.assert_close(item["image"], data[item["index"]])
+            torch.testing.assert_close(warm(item["image"]), truth[item["index"]])
+    assert batches.reuses is True
