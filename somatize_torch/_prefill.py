@@ -107,11 +107,12 @@ def _forward_parameters(module: nn.Module) -> list[inspect.Parameter] | None:
     return parameters
 
 
-def _refuse_beside(item: Mapping[Any, Any], module: nn.Module, first: str) -> None:
+def _refuse_beside(item: Mapping[Any, Any], module: nn.Module, first: str, key: KeyMode) -> None:
     """Refuses a mapping ``item`` whose batch was found under ``first``, the name of the
     module's forward's first parameter, where another tensor of it names a parameter too
     (an ``attention_mask``): the cache hands the module the batch alone, and would leave
-    that one out."""
+    that one out. The error says which ``inputs=`` keeps it, with the item's ``index``
+    beside the batch where ``key`` is by index."""
     parameters = _forward_parameters(module) or []
     also = [p.name for p in parameters[1:] if isinstance(item.get(p.name), torch.Tensor)]
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
@@ -124,6 +125,7 @@ def _refuse_beside(item: Mapping[Any, Any], module: nn.Module, first: str) -> No
         ]
     forward = _forward_of(module)
     if also:
+        stacked = f"torch.stack([item[{first!r}], item[{also[0]!r}]], dim=1)"
         raise TypeError(
             f"prefill found the batch under '{first}', the first parameter of "
             f"`{type(getattr(forward, '__self__', module)).__name__}.forward`, in the dict "
@@ -132,10 +134,19 @@ def _refuse_beside(item: Mapping[Any, Any], module: nn.Module, first: str) -> No
             "too: a cache per row hands the module the batch alone, so those would be left "
             "out, and a padded row's answer without its mask is another. To keep a mask, "
             f"make it in the forward from the batch ({first} != pad_id), or hand both as one "
-            f"tensor (inputs=lambda item: torch.stack([item['{first}'], item['{also[0]}']], "
-            "dim=1), taken apart in the forward). Where no row is padded, pass "
-            f"inputs=lambda item: item['{first}'] to cache it without them"
+            f"tensor ({_advice(stacked, item, key)}, taken apart in the forward). Where no "
+            f"row is padded, pass {_advice(f'item[{first!r}]', item, key)} to cache it "
+            "without them"
         )
+
+
+def _advice(batch: str, item: Mapping[Any, Any], key: KeyMode) -> str:
+    """An ``inputs=`` answering the expression ``batch`` of a loader item: with the item's
+    ``index`` beside it where rows are keyed by index, which would refuse the batch
+    alone."""
+    if key == "index" and "index" in item:
+        return f"inputs=lambda item: ({batch}, item['index'])"
+    return f"inputs=lambda item: {batch}"
 
 
 def _inputs(
@@ -153,7 +164,7 @@ def _inputs(
         return batch, None
     path = batch_for(batch, module)
     if isinstance(batch, Mapping) and path is not None and path != batch_at(batch):
-        _refuse_beside(batch, module, path[0])
+        _refuse_beside(batch, module, path[0], key)
     if path is None:
         raise TypeError(
             f"prefill cannot tell the batch tensor in a `{type(batch).__name__}` the loader "
@@ -308,7 +319,8 @@ def prefill(
                 raise NeedsIndex(
                     "prefill's inputs= answered the batch alone, and this cache keys rows by "
                     "sample index (key='index'): have it answer (batch, indices), "
-                    "inputs=lambda item: (item[0], item[2]) for items (x, y, index)"
+                    "inputs=lambda item: (item[0], item[2]) for items (x, y, index), "
+                    "(item['input_ids'], item['index']) for dict items"
                 )
         else:
             x, index = _inputs(item, cached.key_mode, cached.module)

@@ -2185,6 +2185,33 @@ def test_prefill_refuses_a_mask_a_forward_taking_any_keyword_takes() -> None:
     assert prefill(cached, indexed, progress=False).computed == 8
 
 
+class StackedTokens(PooledTokens):
+    """A text encoder handed its ids and their mask as one tensor, taken apart here."""
+
+    def forward(self, both: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(both[:, 0] * both[:, 1])
+
+
+def test_prefill_s_advice_on_a_mask_works_as_given_keyed_by_index() -> None:
+    """Each ``inputs=`` the refusal of a mask advises, taken as written, prefills a cache
+    keyed by index with the dict's indices. It advised the batch alone there, which that
+    cache refuses (``NeedsIndex``) for want of them."""
+    batches = [{**batch, "index": torch.arange(4) + 4 * k} for k, batch in enumerate(tokenized(8))]
+    refused = cache_rows(MaskedTokens(), key="index", version="toy@1")
+    with pytest.raises(TypeError) as said:
+        prefill(refused, batches, progress=False)
+    advised = re.findall(r"inputs=(lambda item: .*?)(?=, taken apart| to cache)", str(said.value))
+    stacked, alone = [eval(advice) for advice in advised]  # the advice as written
+    for module, inputs in ((StackedTokens(), stacked), (MaskedTokens(), alone)):
+        cached = cache_rows(module, key="index", version="toy@1")
+        assert prefill(cached, batches, inputs=inputs, progress=False).computed == 8
+        for batch in batches:
+            x, index = inputs(batch)
+            assert torch.equal(index, batch["index"])
+            assert torch.equal(cached(x, index=index), expected(module, x))
+        assert cached.stats.computed == 8
+
+
 @pytest.mark.parametrize("kind", [dict, Encoding])
 def test_prefill_refuses_a_dict_whose_tensors_name_two_parameters_of_the_forward(
     kind: Callable[..., Any],
