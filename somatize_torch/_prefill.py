@@ -78,44 +78,61 @@ def batch_for(item: Any, module: nn.Module) -> tuple[Any, ...] | None:
     return path
 
 
-def named_by_forward(item: Mapping[Any, Any], module: nn.Module) -> tuple[Any, ...] | None:
-    """Where the batch tensor is in a mapping ``item``: under the name of the parameter of
-    the module's forward it is handed as, its first. None where the forward's signature
-    cannot be read or no tensor of the mapping is named so."""
-    parameters = _forward_parameters(module)
-    if not parameters or not isinstance(item.get(parameters[0].name), torch.Tensor):
-        return None
-    return (parameters[0].name,)
+_NAMED = (
+    inspect.Parameter.POSITIONAL_ONLY,
+    inspect.Parameter.POSITIONAL_OR_KEYWORD,
+    inspect.Parameter.KEYWORD_ONLY,
+)
+"""Kinds of parameter a forward names: a dict's tensor may be handed it by that name."""
 
 
-def _forward_parameters(module: nn.Module) -> list[inspect.Parameter] | None:
-    """The parameters of the forward the cache calls (seen through ``torch.compile`` and
-    ``DataParallel``), where its first is one a batch can be handed as (by place, or by
-    keyword where it is keyword-only); None where the signature cannot be read or it is
-    not."""
+def _signature(module: nn.Module) -> tuple[Any, list[inspect.Parameter]] | None:
+    """The forward the cache calls (seen through ``torch.compile`` and ``DataParallel``)
+    and its parameters; None where its signature cannot be read or it names no first
+    parameter."""
+    forward = _forward_of(module)
     try:
         parameters = list(inspect.signature(_forward_of(module)).parameters.values())
     except (TypeError, ValueError):
         return None
-    named = (
-        inspect.Parameter.POSITIONAL_ONLY,
-        inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        inspect.Parameter.KEYWORD_ONLY,
-    )
-    if not parameters or parameters[0].kind not in named:
+    if not parameters or parameters[0].kind not in _NAMED:
         return None
-    return parameters
+    return forward, parameters
 
 
-def _refuse_beside(item: Mapping[Any, Any], module: nn.Module, first: str, key: KeyMode) -> None:
-    """Refuses a mapping ``item`` whose batch was found under ``first``, the name of the
-    module's forward's first parameter, where another tensor of it names a parameter too
-    (an ``attention_mask``): the cache hands the module the batch alone, and would leave
-    that one out. The error says which ``inputs=`` keeps it, with the item's ``index``
-    beside the batch where ``key`` is by index."""
-    parameters = _forward_parameters(module) or []
-    also = [p.name for p in parameters[1:] if isinstance(item.get(p.name), torch.Tensor)]
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+def named_by_forward(item: Mapping[Any, Any], module: nn.Module) -> tuple[Any, ...] | None:
+    """Where the batch tensor is in a dict ``item`` with no ``x`` or ``input`` (a
+    tokenizer's output): under the name of the parameter of the module's forward it is
+    handed as, its first, which the cache hands it by keyword where it is keyword-only.
+    None where the forward's signature cannot be read or no tensor of the dict is named
+    so. (:func:`refuse_beside` refuses a mask beside it.)"""
+    read = _signature(module)
+    if read is None or not isinstance(item.get(read[1][0].name), torch.Tensor):
+        return None
+    return (read[1][0].name,)
+
+
+def refuse_beside(
+    item: Mapping[Any, Any], found: str, module: nn.Module, key: KeyMode, by_name: bool
+) -> None:
+    """Refuses a dict ``item`` whose batch is under ``found`` where another of its tensors
+    names a parameter of the module's forward too (an ``attention_mask``, a ``mask``): the
+    cache hands the module the batch alone, and would leave that one out. Says which
+    ``inputs=`` keeps it (with the dict's ``index`` beside the batch where ``key`` is by
+    index). Where the batch was found ``by_name`` of the forward's first parameter, a
+    forward taking ``**kwargs`` takes any other name too; a dict's ``x`` beside labels
+    ``y`` is the plain loader item it always was."""
+    read = _signature(module)
+    if read is None:
+        return
+    forward, parameters = read
+    first = parameters[0].name
+    also = [
+        p.name
+        for p in parameters[1:]
+        if p.kind in _NAMED and p.name != found and isinstance(item.get(p.name), torch.Tensor)
+    ]
+    if by_name and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         # `**kwargs` takes any name (a wrapper handing them on to a model): all but the
         # indices, which are no input, are taken beside the batch.
         also = [
@@ -123,21 +140,20 @@ def _refuse_beside(item: Mapping[Any, Any], module: nn.Module, first: str, key: 
             for name, value in item.items()
             if name not in (first, "index") and isinstance(value, torch.Tensor)
         ]
-    forward = _forward_of(module)
-    if also:
-        stacked = f"torch.stack([item[{first!r}], item[{also[0]!r}]], dim=1)"
-        raise TypeError(
-            f"prefill found the batch under '{first}', the first parameter of "
-            f"`{type(getattr(forward, '__self__', module)).__name__}.forward`, in the dict "
-            "the loader yields, and "
-            f"{', '.join(repr(name) for name in also)} beside it, which the forward takes "
-            "too: a cache per row hands the module the batch alone, so those would be left "
-            "out, and a padded row's answer without its mask is another. To keep a mask, "
-            f"make it in the forward from the batch ({first} != pad_id), or hand both as one "
-            f"tensor ({_advice(stacked, item, key)}, taken apart in the forward). Where no "
-            f"row is padded, pass {_advice(f'item[{first!r}]', item, key)} to cache it "
-            "without them"
-        )
+    if not also:
+        return
+    owner = f"`{type(getattr(forward, '__self__', module)).__name__}.forward`"
+    where = f"the first parameter of {owner}" if found == first else "as a dict's batch is"
+    stacked = f"torch.stack([item[{found!r}], item[{also[0]!r}]], dim=1)"
+    raise TypeError(
+        f"prefill found the batch under '{found}', {where}, in the dict the loader yields, "
+        f"and {', '.join(repr(name) for name in also)} beside it, which {owner} takes too: "
+        "a cache per row hands the module the batch alone, so those would be left out, and "
+        "a padded row's answer without its mask is another. To keep a mask, make it in the "
+        f"forward from the batch ({first} != pad_id), or hand both as one tensor "
+        f"({_advice(stacked, item, key)}, taken apart in the forward). Where no row is "
+        f"padded, pass {_advice(f'item[{found!r}]', item, key)} to cache it without them"
+    )
 
 
 def _advice(batch: str, item: Mapping[Any, Any], key: KeyMode) -> str:
@@ -162,15 +178,18 @@ def _inputs(
         return batch[_dict_key(batch)], None  # a `StackDataset(x=Deferred(...), y=labels)`
     if isinstance(batch, DeferredRows):
         return batch, None
-    path = batch_for(batch, module)
-    if isinstance(batch, Mapping) and path is not None and path != batch_at(batch):
-        _refuse_beside(batch, module, path[0], key)
+    path = batch_at(batch)
+    by_name = path is None and isinstance(batch, Mapping)
+    if by_name:
+        path = named_by_forward(batch, module)
     if path is None:
         raise TypeError(
             f"prefill cannot tell the batch tensor in a `{type(batch).__name__}` the loader "
             "yields; pass inputs=, a function from one loader item to the batch tensor (or to "
             "(batch, indices) for key='index')"
         )
+    if isinstance(batch, Mapping):
+        refuse_beside(batch, path[0], module, key, by_name)  # beside a dict's `x` too
     x = batch if path == () else batch[path[0]]
     if key != "index":
         return x, None

@@ -2185,6 +2185,33 @@ def test_prefill_refuses_a_mask_a_forward_taking_any_keyword_takes() -> None:
     assert prefill(cached, indexed, progress=False).computed == 8
 
 
+class MaskedX(PooledTokens):
+    """A text encoder taking its ids as ``x``, and a mask beside them, or anything by
+    keyword where ``HandsOnX``."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(x if mask is None else x * mask)
+
+
+class HandsOnX(PooledTokens):
+    def forward(self, x: torch.Tensor, **kwargs: Any) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(x)
+
+
+def test_prefill_refuses_a_mask_beside_a_dict_s_x_that_the_forward_takes() -> None:
+    """A dict's ``x`` is its batch; a mask beside it that the forward takes is refused, as
+    beside a batch named by the forward: the cache would hand the module ``x`` alone.
+    It was left out without a word. Labels beside ``x`` are taken as they were, even by a
+    forward taking any keyword."""
+    masked = [{"x": b["input_ids"], "mask": b["attention_mask"]} for b in tokenized(8)]
+    cached = cache_rows(MaskedX())
+    with pytest.raises(TypeError, match=r"under 'x'.*'mask' beside it.*torch\.stack"):
+        prefill(cached, masked, progress=False)
+    assert cached.stats.computed == 0
+    labelled = [{"x": b["input_ids"], "y": torch.arange(4)} for b in tokenized(8)]
+    assert prefill(cache_rows(HandsOnX()), labelled, progress=False).computed == 8
+
+
 class StackedTokens(PooledTokens):
     """A text encoder handed its ids and their mask as one tensor, taken apart here."""
 
