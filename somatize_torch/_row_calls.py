@@ -64,6 +64,34 @@ def _named_batch(self: CachedRows, more: dict[str, Any]) -> tuple[Any, dict[str,
     return rest.pop(name), rest
 
 
+def _defaults_left_out(
+    module: torch.nn.Module, beside: tuple[Any, ...], more: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``beside`` and ``more`` less the arguments that are None where the parameter of the
+    module's forward they go to defaults to None (``attention_mask=None``, as a caller with
+    no mask writes): the call is the very call without them. Any other is left for
+    :func:`_check_call` to refuse."""
+    if all(value is not None for value in (*beside, *more.values())):
+        return beside, more
+    try:
+        parameters = list(inspect.signature(_forward_of(module)).parameters.values())[1:]
+    except (TypeError, ValueError):
+        return beside, more
+    by_name = {p.name: p for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    more = {
+        name: value
+        for name, value in more.items()
+        if not (value is None and name in by_name and by_name[name].default is None)
+    }
+    by_place = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    kept = len(beside)  # only those last may be left out: the rest keep their places
+    while 0 < kept <= len(by_place) and beside[kept - 1] is None:
+        if by_place[kept - 1].default is not None:
+            break
+        kept -= 1
+    return beside[:kept], more
+
+
 def _input_name(module: torch.nn.Module) -> str | None:
     """The name ``module``'s forward gives its first input, where a call may give it by
     name; None where its signature cannot be read or names none so."""

@@ -86,7 +86,7 @@ from somatize_torch._modes import marked_as_needed, outside_compiled
 from somatize_torch._prefill import batch_at as batch_at
 from somatize_torch._prefill import prefill
 from somatize_torch._row_ahead import _name_ahead
-from somatize_torch._row_calls import _check_call, _named_batch, _run
+from somatize_torch._row_calls import _check_call, _defaults_left_out, _named_batch, _run
 from somatize_torch._row_errors import NeedsIndex, NotRowwise, RowsError
 from somatize_torch._row_keys import (
     _LAST_CONVERSION,
@@ -475,6 +475,7 @@ class CachedRows(nn.Module):
         may go by the name the module's forward gives it (``cached(input_ids=ids)``)."""
         if x is None and more:
             x, more = _named_batch(self, more)
+        beside, more = _defaults_left_out(self.module, beside, more)
         try:
             _check_call(self, x, beside, index, more)
         except CachedInputNeedsGrad:

@@ -1362,6 +1362,45 @@ def test_a_mask_beside_the_batch_is_refused_saying_how_it_can_be_keyed(store: St
     cached.close()
 
 
+class ScaledTokens(Tokens):
+    """``Tokens`` with a setting whose default is no None, and any keyword beside."""
+
+    def forward(  # type: ignore[override]
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        scale: float | None = 1.0,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        out = super().forward(input_ids, attention_mask)
+        return out if scale is None else out * scale
+
+
+def test_a_none_the_forward_takes_by_default_is_the_call_without_it(store: Store) -> None:
+    """``attention_mask=None`` (as a caller with no mask writes), by name or by place, is
+    the call without it: answered and recalled as that call. It was refused as a value
+    to keep in the module. A None to a parameter whose default is another value, or to
+    ``**kwargs``, is still refused."""
+    torch.manual_seed(0)
+    ids = torch.randint(1, 50, (4, 7))
+    cached = cache_rows(ScaledTokens(), store)
+    alone = cached(ids)
+    assert torch.equal(cached(ids, attention_mask=None), alone)
+    assert torch.equal(cached(input_ids=ids, attention_mask=None), alone)
+    assert torch.equal(cached(ids, None), alone)
+    assert torch.equal(alone, expected(cached.module, ids))
+    assert cached.stats.computed == 4 and cached.stats.recalled == 12
+    for call in (
+        lambda: cached(ids, scale=None),
+        lambda: cached(ids, None, None),
+        lambda: cached(ids, other=None),
+        lambda: cached(ids, attention_mask=torch.ones_like(ids)),
+    ):
+        with pytest.raises(RowsError, match="beside its batch"):
+            call()
+    cached.close()
+
+
 @dataclasses.dataclass
 class Encoded:
     """A tokenizer's batch kept as a dataclass."""
