@@ -103,11 +103,12 @@ def _signature(module: nn.Module) -> tuple[Any, list[inspect.Parameter]] | None:
 def named_by_forward(item: Mapping[Any, Any], module: nn.Module) -> tuple[Any, ...] | None:
     """Where the batch tensor is in a dict ``item`` with no ``x`` or ``input`` (a
     tokenizer's output): under the name of the parameter of the module's forward it is
-    handed as, its first, which the cache hands it by keyword where it is keyword-only.
-    None where the forward's signature cannot be read or no tensor of the dict is named
-    so. (:func:`refuse_beside` refuses a mask beside it.)"""
+    handed as, its first, which the cache hands it by keyword where it is keyword-only. A
+    ``Deferred`` batch is found so too (``StackDataset(input_ids=Deferred(...))``). None
+    where the forward's signature cannot be read or no tensor of the dict is named so.
+    (:func:`refuse_beside` refuses a mask beside it.)"""
     read = _signature(module)
-    if read is None or not isinstance(item.get(read[1][0].name), torch.Tensor):
+    if read is None or not isinstance(item.get(read[1][0].name), (torch.Tensor, DeferredRows)):
         return None
     return (read[1][0].name,)
 
@@ -191,7 +192,7 @@ def _inputs(
     if isinstance(batch, Mapping):
         refuse_beside(batch, path[0], module, key, by_name)  # beside a dict's `x` too
     x = batch if path == () else batch[path[0]]
-    if key != "index":
+    if key != "index" or isinstance(x, DeferredRows):  # a Deferred batch carries its indices
         return x, None
     index = batch.get("index") if isinstance(batch, Mapping) else None
     if index is None:

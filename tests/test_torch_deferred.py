@@ -26,6 +26,7 @@ from somatize_torch import _row_lookup
 from somatize_torch.deferred import Deferred, DeferredRows, NotLoadable
 from somatize_torch.residency import ROW_INDEX_BYTES
 from somatize_torch.rows import NeedsIndex, RowsError, cache_rows, prefill
+from tests.test_torch_rows import PooledTokens
 
 ROWS = 64
 
@@ -420,18 +421,22 @@ def test_rows_stacked_in_a_collate_of_ones_own_are_refused_saying_how_to_collate
     assert isinstance(rows, DeferredRows) and labels.tolist() == [0, 1, 2, 3]
 
 
-def test_prefill_takes_deferred_rows_at_a_dicts_x(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["x", "input_ids"])
+def test_prefill_takes_deferred_rows_at_a_dicts_x_or_named_as_the_input(
+    tmp_path: Path, name: str
+) -> None:
     """A loader of dicts whose ``x`` is deferred rows (a ``StackDataset(x=Deferred(...),
-    y=labels)``) is prefilled, every row kept, as a dict's ``x`` tensor is. It was refused
-    as holding no batch tensor."""
-    pictures = images(7)
-    data = StackDataset(x=Deferred(pictures, version="toy@7"), y=torch.arange(ROWS))
-    cached = cache_rows(encoder(), tmp_path, key="index")
+    y=labels)``), or whose rows go by the name of the forward's input
+    (``StackDataset(input_ids=Deferred(...), y=labels)``), is prefilled, every row kept, as
+    such a tensor is. Each was refused as holding no batch tensor."""
+    ids = torch.randint(1, 50, (ROWS, 7))
+    data = StackDataset(**{name: Deferred(ids, version="ids@1")}, y=torch.arange(ROWS))
+    cached = cache_rows(PooledTokens(), tmp_path, key="index")
     done = prefill(cached, DataLoader(data, batch_size=16), progress=False)
     assert done.computed == ROWS and done.rows_kept == ROWS
     for item in DataLoader(data, batch_size=16, shuffle=True):
         with torch.no_grad():
-            assert torch.allclose(cached(item["x"]), cached.module(pictures[item["y"]]), atol=1e-6)
+            assert torch.equal(cached(item[name]), cached.module(ids[item["y"]]))
     assert cached.stats.recalled == ROWS
 
 
