@@ -150,10 +150,11 @@ def refuse_beside(
         f"prefill found the batch under '{found}', {where}, in the dict the loader yields, "
         f"and {', '.join(repr(name) for name in also)} beside it, which {owner} takes too: "
         "a cache per row hands the module the batch alone, so those would be left out, and "
-        "a padded row's answer without its mask is another. To keep a mask, make it in the "
-        f"forward from the batch ({first} != pad_id), or hand both as one tensor "
-        f"({_advice(stacked, item, key)}, taken apart in the forward). Where no row is "
-        f"padded, pass {_advice(f'item[{found!r}]', item, key)} to cache it without them"
+        "a padded row's answer without its mask is another. To keep a mask, either make it "
+        f"in the forward from the batch ({first} != pad_id, where none is given) and pass "
+        f"{_advice(f'item[{found!r}]', item, key)}, which also caches it without them where "
+        f"no row is padded; or hand both as one tensor ({_advice(stacked, item, key)}, "
+        "taken apart in the forward)"
     )
 
 

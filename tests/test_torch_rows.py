@@ -2266,8 +2266,8 @@ def test_prefill_s_advice_on_a_mask_works_as_given_keyed_by_index() -> None:
     refused = cache_rows(MaskedTokens(), key="index", version="toy@1")
     with pytest.raises(TypeError) as said:
         prefill(refused, batches, progress=False)
-    advised = re.findall(r"inputs=(lambda item: .*?)(?=, taken apart| to cache)", str(said.value))
-    stacked, alone = [eval(advice) for advice in advised]  # the advice as written
+    advised = re.findall(r"inputs=(lambda item: .*?)(?=, taken apart|, which)", str(said.value))
+    alone, stacked = [eval(advice) for advice in advised]  # the advice as written
     for module, inputs in ((StackedTokens(), stacked), (MaskedTokens(), alone)):
         cached = cache_rows(module, key="index", version="toy@1")
         assert prefill(cached, batches, inputs=inputs, progress=False).computed == 8
@@ -2291,6 +2291,8 @@ def test_prefill_refuses_a_dict_whose_tensors_name_two_parameters_of_the_forward
     said = str(refused.value)
     assert re.search(r"'input_ids'.*'attention_mask'", said)
     assert "input_ids != pad_id" in said and "torch.stack" in said
+    # The mask made in the forward, the dict's mask is still there: the inputs= to pass.
+    assert re.search(r"input_ids != pad_id.*and pass inputs=lambda item: item\['input_ids'\]", said)
     assert "inputs=lambda item" in said
     assert cached.stats.computed == 0
 
