@@ -1324,6 +1324,25 @@ def test_an_endpoint_holding_a_password_for_a_signing_client_is_refused_at_open(
     assert PASSWORD not in str(refused.value)
 
 
+@pytest.mark.parametrize("variable", ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
+def test_an_endpoint_from_the_environment_holding_a_password_for_a_signing_client_is_refused(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """An endpoint the client takes from the environment, its URL holding a user and
+    password, is refused at open as one given as an option is, naming the variable, its
+    password masked: the HTTP client would refuse every request."""
+    monkeypatch.setenv(variable, _closed_endpoint())
+    with pytest.raises(
+        BadAddress, match=rf"{variable} is 'http://user:\*\*\*@.*holds a user"
+    ) as refused:
+        Store.on_bucket(s3_url(), key="x", secret="x", retries=0)
+    assert PASSWORD not in str(refused.value)
+    with pytest.raises(BadAddress, match=rf"{variable} is .*holds a user"):
+        Store.on_bucket(f"simplecache::{s3_url()}", s3={"key": "x", "secret": "x"}, retries=0)
+    store = Store.on_bucket(s3_url(), anon=True, retries=0)  # the server may take it alone
+    assert isinstance(store, BucketStore)
+
+
 def test_a_cache_folder_names_its_server_without_the_endpoint_s_password(
     tmp_path: Path,
 ) -> None:

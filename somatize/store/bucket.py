@@ -357,12 +357,16 @@ def _check_ca_bundle(options: Mapping[str, Any], under: str = "") -> None:
 
 def _check_endpoint(options: Mapping[str, Any], under: str = "") -> None:
     """Refuses an S3 endpoint that is no http(s) URL with a host, naming the option, before
-    any request: the client would raise a bare ValueError at the first one."""
+    any request: the client would raise a bare ValueError at the first one. One the
+    client takes from the environment, where no option names one, is refused where it
+    holds a password for a client that signs (:func:`_refuse_password`)."""
     client = options.get("client_kwargs")
     given = [(_named(under, "endpoint_url"), options.get("endpoint_url"))]
     if isinstance(client, Mapping):
         in_client = _named(under, "client_kwargs")
         given.append((f"{in_client}['endpoint_url']", client.get("endpoint_url")))
+    if all(value is None for _, value in given):
+        _refuse_password(*_endpoint_from_environment(), options)
     for option, value in given:
         if value is None:
             continue
@@ -373,15 +377,38 @@ def _check_endpoint(options: Mapping[str, Any], under: str = "") -> None:
                 "reached at an http(s) URL with a host, as `http://localhost:9000` or "
                 "`https://s3.example.com`"
             )
-        if (parts.username or parts.password) and _signs(options):
-            raise BadAddress(
-                f"{option} is {_shown(value)}, which holds a user and password: the S3 "
-                "client signs each request with its key and secret, and its HTTP client "
-                "refuses to send a password in the URL beside that signature, every time. "
-                "Drop the `user:password@` from the endpoint and give the key and secret "
-                "as `key=` and `secret=`, or open the bucket with `anon=True` where the "
-                "server takes the password alone"
-            )
+        _refuse_password(option, value, options)
+
+
+def _endpoint_from_environment() -> tuple[str, str | None]:
+    """The variable the S3 client takes its endpoint from where no option names one, and
+    its value (None where neither is set): ``AWS_ENDPOINT_URL_S3`` over
+    ``AWS_ENDPOINT_URL``; neither where the client is told to ignore them."""
+    if os.environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").lower() == "true":
+        return "AWS_ENDPOINT_URL", None
+    for variable in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        if os.environ.get(variable):
+            return variable, os.environ[variable]
+    return "AWS_ENDPOINT_URL", None
+
+
+def _refuse_password(option: str, value: str | None, options: Mapping[str, Any]) -> None:
+    """Refuses endpoint ``value`` (named ``option``) where its URL holds a user and
+    password and the client opened with ``options`` signs its requests."""
+    try:
+        parts = urlsplit(value) if isinstance(value, str) else None
+    except ValueError:  # no URL: the client says so as it is made
+        return
+    if parts is None or not (parts.username or parts.password) or not _signs(options):
+        return
+    raise BadAddress(
+        f"{option} is {_shown(value)}, which holds a user and password: the S3 "
+        "client signs each request with its key and secret, and its HTTP client "
+        "refuses to send a password in the URL beside that signature, every time. "
+        "Drop the `user:password@` from the endpoint and give the key and secret "
+        "as `key=` and `secret=`, or open the bucket with `anon=True` where the "
+        "server takes the password alone"
+    )
 
 
 def _signs(options: Mapping[str, Any]) -> bool:
