@@ -1343,6 +1343,23 @@ def test_an_endpoint_from_the_environment_holding_a_password_for_a_signing_clien
     assert isinstance(store, BucketStore)
 
 
+def test_a_password_in_a_store_s_own_url_is_in_no_error_and_not_in_its_repr() -> None:
+    """A store whose URL holds a user and password (``http://user:password@host/…``,
+    ``ftp://…``: the filesystem reads them from it) is shown with its password masked: in
+    its repr, in the errors of requests that failed, and in the refusal to open it."""
+    import traceback
+
+    store = Store.on_bucket(f"{_closed_endpoint()}/store", retries=0)
+    assert PASSWORD not in repr(store) and "user:***@127.0.0.1" in repr(store)
+    with pytest.raises(StoreError, match=r"user:\*\*\*@127\.0\.0\.1") as raised:
+        store.have([key_of("absent")])
+    assert PASSWORD not in "".join(traceback.format_exception(raised.value))
+    ftp = _closed_endpoint().replace("http://", "ftp://")
+    with pytest.raises(StoreError, match=r"user:\*\*\*@127\.0\.0\.1") as refused:
+        Store.on_bucket(f"{ftp}/store", retries=0)
+    assert PASSWORD not in "".join(traceback.format_exception(refused.value))
+
+
 def test_a_cache_folder_names_its_server_without_the_endpoint_s_password(
     tmp_path: Path,
 ) -> None:

@@ -208,14 +208,14 @@ class BucketShelf(BucketRequests):
         if data is None:
             return True  # removed meanwhile, by the gc that made it or another
         if hash_bytes(data) != digest:
-            _log.debug("%s: %s does not hash to %s: not put back", self.url, copy, digest)
+            _log.debug("%s: %s does not hash to %s: not put back", self._where, copy, digest)
             return True
         try:
             self._write(blob, [data])
         except StoreError as why:
             if not isinstance(why.__cause__, PermissionError):
                 raise
-            _log.debug("%s: blobs set aside cannot be put back (%s)", self.url, why)
+            _log.debug("%s: blobs set aside cannot be put back (%s)", self._where, why)
             return False
         return True
 
@@ -278,7 +278,7 @@ class BucketShelf(BucketRequests):
                 if not isinstance(why.__cause__, PermissionError):
                     raise
                 _log.debug(
-                    "%s: blobs cannot be set aside before they are removed (%s)", self.url, why
+                    "%s: blobs cannot be set aside before they are removed (%s)", self._where, why
                 )
                 made = [copies[n] for n in paths if n in out or (paths[n], copies[n]) not in left]
                 self._rm(f"removing blobs set aside in tmp/{_ASIDE}/", made)
@@ -373,7 +373,7 @@ class BucketShelf(BucketRequests):
             _log.debug(
                 "uploads to %s left incomplete were not all aborted (%s: %s); a lifecycle "
                 "rule of the bucket for incomplete multipart uploads removes them",
-                self.url,
+                self._where,
                 type(why).__name__,
                 why,
             )
@@ -511,7 +511,7 @@ class BucketShelf(BucketRequests):
                 _log.debug(
                     "%s cannot be written to (%s), so a gc measures its grace on this "
                     "machine's clock, not the server's",
-                    self.url,
+                    self._where,
                     why,
                 )
                 return 0.0
@@ -747,7 +747,7 @@ class BucketShelf(BucketRequests):
                 _log.debug(
                     "when answers of %s were used cannot be written down (%s: %s); gc will "
                     "not know it, and recalls go on",
-                    self.url,
+                    self._where,
                     type(why).__name__,
                     why,
                 )

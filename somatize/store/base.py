@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from somatize.errors import SomatizeError
+from somatize.store._credentials import masked
 
 if TYPE_CHECKING:
     from somatize.store._compact import Compacted
@@ -86,7 +87,12 @@ _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+@-]*\Z")
 
 
 class StoreError(SomatizeError, OSError):
-    """A store could not do what it was asked."""
+    """A store could not do what it was asked. What it says shows the password of each URL
+    it names as ``***``: a store's own URL may hold one (``ftp://user:password@host/…``),
+    as an endpoint's may, and an error is shown, logged and shared."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(masked(arg) if isinstance(arg, str) else arg for arg in args))
 
 
 class NameNotFound(StoreError, KeyError):

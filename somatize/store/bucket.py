@@ -864,11 +864,12 @@ class BucketStore(BucketShelf):
         super()._hold_nothing()
 
     def __repr__(self) -> str:
-        return f"Store.on_bucket({self.url!r})"
+        return f"Store.on_bucket({self._where!r})"
 
     @property
     def _where(self) -> str:
-        return self.url
+        """The URL as the store names it: a password in it masked."""
+        return masked(self.url)
 
     @property
     def _sweeps_strays(self) -> bool:
