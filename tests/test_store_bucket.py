@@ -1374,6 +1374,25 @@ def test_a_cache_folder_names_its_server_without_the_endpoint_s_password(
     assert PASSWORD not in str(raised.value)
 
 
+def test_a_cache_folder_bound_with_the_endpoint_s_password_opens_and_loses_it(
+    tmp_path: Path,
+) -> None:
+    """A cache folder whose file names its store's server with the password (bound before
+    passwords were masked) opens for that same store, and names the server masked from
+    then on; another store is still refused it."""
+    endpoint = {"endpoint_url": _closed_endpoint()}
+    url = s3_url()
+    Store.on_bucket(url, anon=True, client_kwargs=endpoint, cache=tmp_path)
+    mark = tmp_path / "bucket"
+    masked = mark.read_text()
+    mark.write_text(masked.replace("user:***@", f"user:{PASSWORD}@"))
+    store = Store.on_bucket(url, anon=True, client_kwargs=endpoint, cache=tmp_path)
+    assert isinstance(store, BucketStore) and store.cache is not None
+    assert mark.read_text() == masked
+    with pytest.raises(BadAddress, match="is bound to the bucket store"):
+        Store.on_bucket(s3_url(), anon=True, client_kwargs=endpoint, cache=tmp_path)
+
+
 @pytest.mark.parametrize("collector", ["cache", "bucket"])
 @pytest.mark.parametrize("when", ["kept", "packed"])
 def test_a_gc_of_the_cache_leaves_the_blob_a_keep_is_copying_there(

@@ -611,20 +611,47 @@ def _read_mark(mark: str) -> str | None:
         time.sleep(0.01)
 
 
-def _write_mark(mark: str, address: str) -> bool:
-    """Writes the cache mark at ``mark`` naming ``address``, whole, unless one is there
-    already (written by another process meanwhile); False when the folder cannot be
-    written (a read-only cache)."""
-    data = f"{address}\n".encode()
+def _mask_mark(mark: str, address: str) -> None:
+    """Puts ``address``, the one the cache mark at ``mark`` names with a password, in its
+    place whole; left as it is where the folder cannot be written (a read-only cache)."""
+    part = _mark_beside(mark, f"{address}\n".encode())
+    if part is None:
+        return
+    try:
+        os.replace(part, mark)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+
+
+def _mark_beside(mark: str, data: bytes) -> str | None:
+    """A file of its own beside the cache mark at ``mark``, holding ``data``, to be put in
+    its place; None where the folder cannot be written."""
     try:
         fd, part = tempfile.mkstemp(
             prefix=f".{_CACHE_MARK}.", suffix=".part", dir=os.path.dirname(mark)
         )
     except OSError:
-        return False
+        return None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        return None
+    return part
+
+
+def _write_mark(mark: str, address: str) -> bool:
+    """Writes the cache mark at ``mark`` naming ``address``, whole, unless one is there
+    already (written by another process meanwhile); False when the folder cannot be
+    written (a read-only cache)."""
+    data = f"{address}\n".encode()
+    part = _mark_beside(mark, data)
+    if part is None:
+        return False
+    try:
         try:
             os.link(part, mark)  # published whole, and never over another's
         except FileExistsError:
@@ -662,6 +689,11 @@ def _bind_cache(cache: LocalStore, address: str) -> bool:
     if bound is None:
         return False
     if bound == f"{address}\n":
+        return True
+    if bound.endswith("\n") and masked(bound[:-1]) == address:
+        # Bound to this store before a password in its endpoint was masked: that file
+        # names it with the password, which is taken off the disk.
+        _mask_mark(mark, address)
         return True
     if not bound.endswith("\n"):
         raise BadAddress(
