@@ -1360,6 +1360,28 @@ def test_a_password_in_a_store_s_own_url_is_in_no_error_and_not_in_its_repr() ->
     assert PASSWORD not in "".join(traceback.format_exception(refused.value))
 
 
+def test_a_store_pickled_carries_no_password_of_its_own_url() -> None:
+    """A store whose URL holds a password pickles without it, as it pickles no other
+    credential; a copy in this process, and one multiprocessing makes (a spawned DataLoader
+    worker), keep it, and so does its address."""
+    import copy
+    import pickle
+    from multiprocessing.reduction import ForkingPickler
+
+    store = Store.on_bucket(f"{_closed_endpoint()}/store", retries=0)
+    assert isinstance(store, BucketStore)
+    with pytest.raises(StoreError):
+        store.have([key_of("absent")])
+    saved = pickle.dumps(store)
+    assert PASSWORD.encode() not in saved
+    loaded = pickle.loads(saved)
+    assert loaded.url == store.url.replace(f":{PASSWORD}@", "@")
+    address = store.address()
+    assert address is not None and address["url"] == store.url
+    for kept in (copy.deepcopy(store), pickle.loads(bytes(ForkingPickler.dumps(store)))):
+        assert (kept.url, kept.root, kept.address()) == (store.url, store.root, address)
+
+
 def test_a_cache_folder_names_its_server_without_the_endpoint_s_password(
     tmp_path: Path,
 ) -> None:

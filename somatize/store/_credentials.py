@@ -121,6 +121,30 @@ class CredentialInfo(_Held, dict[str, Any]):
     __slots__ = ()
 
 
+class CredentialURL(_Held, str):
+    """A URL holding a password (``ftp://user:password@host/…``, which the filesystem reads
+    it from), which a plain pickle writes without its password: loaded, the store reaches
+    the server as that user, with the credentials of the process that loads it."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return str, (_PASSWORD_IN_URL.sub(r"\1@", self),)
+
+
+def held_url(url: str) -> str:
+    """``url``, held as a :class:`CredentialURL` where it holds a password."""
+    return CredentialURL(url) if _PASSWORD_IN_URL.search(url) else url
+
+
+def _url_as_given(url: CredentialURL) -> tuple[type, tuple[str]]:
+    """How a URL holding a password travels to a process ``multiprocessing`` starts."""
+    return CredentialURL, (str(url),)
+
+
+ForkingPickler.register(CredentialURL, _url_as_given)
+
+
 _HELD_AS: dict[type, type] = {str: Credential, bytes: CredentialBytes, dict: CredentialInfo}
 """The kind of value a credential is given as, and what holds it."""
 

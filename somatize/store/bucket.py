@@ -57,7 +57,7 @@ from somatize import canonical
 from somatize._numbers import finite
 from somatize.store._bucket_requests import _ABSENT, BucketNotes, _open_file, _under_copies
 from somatize.store._bucket_upkeep import BucketShelf, version_of
-from somatize.store._credentials import guarded, kind_given, masked, plain
+from somatize.store._credentials import guarded, held_url, kind_given, masked, plain
 from somatize.store._local_files import open_file
 from somatize.store._packed import Claims, digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
@@ -676,6 +676,15 @@ def _write_mark(mark: str, address: str) -> bool:
     return True
 
 
+def _with_urls_as(kind: Callable[[str], str], state: dict[str, Any]) -> dict[str, Any]:
+    """``state``, a bucket store's, its URL and root (which may hold a password) made
+    ``kind``."""
+    for name in ("url", "root"):
+        if isinstance(state.get(name), str):
+            state[name] = kind(state[name])
+    return state
+
+
 def _bind_cache(cache: LocalStore, address: str) -> bool:
     """Binds the cache folder of ``cache`` to the bucket store at ``address``: a folder not
     yet bound (new, or made before folders were bound) is bound now; one bound to another
@@ -897,6 +906,16 @@ class BucketStore(BucketShelf):
 
     def __repr__(self) -> str:
         return f"Store.on_bucket({self._where!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A password in the URL (`ftp://user:password@host/…`) is a credential: a plain
+        # pickle writes the URL without it, a copy in this process or one multiprocessing
+        # makes keeps it (see _credentials).
+        state = super().__getstate__()
+        return _with_urls_as(held_url, state)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(_with_urls_as(str, state))
 
     @property
     def _where(self) -> str:
