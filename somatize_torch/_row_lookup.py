@@ -282,6 +282,7 @@ def _answer_outdated(self: CachedRows, x: DeferredRows) -> torch.Tensor:
             SomatizeWarning,
             stacklevel=outside_level(),
         )
+    _check_still(self)  # answered as any row is: by the module in eval
     return self._uncached(x)
 
 

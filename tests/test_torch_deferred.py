@@ -835,6 +835,31 @@ def test_rows_that_came_with_their_inputs_before_a_new_version_are_answered_from
         assert fresh.stats.from_store == 0
 
 
+def test_rows_answered_from_their_inputs_after_a_new_version_are_answered_in_eval(
+    tmp_path: Path,
+) -> None:
+    """Rows handed out under a version their Deferred no longer holds are answered as the
+    cache answers any row, by the module in eval: a part put in train mode directly (a
+    dropout) is warned of and put back in eval first, not run in train mode."""
+    from somatize_torch import StillChanging
+
+    first = images(21, 8)
+    data = Deferred(first, version="data@1")
+    module = nn.Sequential(nn.Flatten(), nn.Dropout(0.5))
+    cached = cache_rows(module, tmp_path, key="index")
+    with torch.no_grad():
+        handed_out = batches(data, size=8)  # nothing answered yet: every input came
+        data.version = "data@2"
+        module[1].train()
+        with (
+            pytest.warns(SomatizeWarning, match="DataLoader again"),
+            pytest.warns(StillChanging),
+        ):
+            out = cached(handed_out[0])
+    assert not module[1].training
+    assert torch.equal(out, first[handed_out[0].index].flatten(1))
+
+
 @pytest.mark.parametrize("was", ["data@1", None], ids=["its-own", "the-cache's"])
 def test_a_new_version_of_its_own_is_not_taken_from_workers_holding_the_old(
     tmp_path: Path, was: str | None
