@@ -2869,3 +2869,15 @@ def test_a_gc_of_a_prefix_that_is_no_store_puts_nothing_back_from_tmp_aside() ->
         Store.on_bucket(url, **s3_options()).gc()
     fs.invalidate_cache()
     assert sorted(fs.find(root)) == before
+
+
+def test_a_read_only_bucket_names_the_section_a_write_is_refused_in() -> None:
+    """A write refused by ``read_only=True`` names the store's section it was for
+    (``blobs/``), not the shard folder inside it (``3a/``)."""
+    url = f"memory://somatize/{uuid.uuid4().hex[:12]}"
+    Store.on_bucket(url).put(b"there")
+    store = Store.on_bucket(url, read_only=True)
+    with pytest.raises(StoreError, match=r"cannot write blobs/ of memory://"):
+        store.put(b"refused")
+    with pytest.raises(StoreError, match=r"cannot write blobs/ of memory://"):
+        store.keep(f"blake3:{1:064x}", b"refused", "plain")  # its blob is written first

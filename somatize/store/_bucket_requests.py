@@ -605,7 +605,8 @@ class BucketRequests(PackedHome):
     def _write(self, path: str, pieces: Sequence[Buffer]) -> None:
         """Publishes ``pieces`` at ``path`` whole: an object store's upload does that by
         itself; a plain filesystem goes through ``tmp/`` and a rename."""
-        refused = self._only_read(f"write {path.rsplit('/', 2)[-2]}/ of")
+        section = path[len(self.root) + 1 :].split("/", 1)[0]  # blobs/, not a shard of it
+        refused = self._only_read(f"write {section}/ of")
         if refused is not None:
             raise refused
         if not self._noted.marked:
