@@ -526,11 +526,11 @@ def _linger_setting(value: object) -> float:
     """``value`` as a writer's ``linger``: seconds, 0 or more, ``math.inf`` to gather until
     a flush or a full pack; anything else (NaN, a negative number, a string) is a ValueError
     saying so, not a thread that gathers nothing or dies."""
-    try:
-        seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if isinstance(value, bool) or not seconds >= 0:
+    # A number only (numpy's floats too): float() would read the string "1" as seconds,
+    # where the byte counts beside it refuse "16M"
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    seconds = float(value) if number else math.nan  # type: ignore[arg-type]
+    if not seconds >= 0:
         raise ValueError(
             f"linger= is how many seconds rows are gathered, 0 or more (math.inf to gather "
             f"until a flush or a full pack), got {value!r}"

@@ -2522,6 +2522,8 @@ def test_a_writer_gathering_until_a_flush_writes_its_rows_at_the_flush(store: St
         ("linger", math.nan),
         ("linger", -1.0),
         ("linger", "1s"),
+        ("linger", "1"),
+        ("linger", True),
         ("pack_bytes", -1),
         ("pack_bytes", "16M"),
         ("pack_bytes", math.inf),
