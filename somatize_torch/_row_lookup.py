@@ -334,8 +334,8 @@ def _refuse_unkeepable(self: CachedRows, refused: StoreError, missing: int, coun
     is still recalled."""
     raise StoreError(
         f"{missing} of the {count} rows of this batch for `{type(self.module).__name__}` "
-        f"are in no memory tier and not in {self.store!r}, which could not keep them "
-        f"computed, their writes failing behind the step: {refused}. Nothing was "
+        f"are in no memory tier and not in {self.store!r}, which cannot keep them: "
+        f"computed, their writes would fail behind the step ({refused}). Nothing was "
         "computed; batches whose rows the store holds are still answered from it. To "
         "compute rows, cache over a store this process may write, or with store=None to "
         "keep them in memory only"

@@ -929,6 +929,26 @@ def test_a_bucket_opened_read_only_refuses_rows_before_its_first_rows_run(
         cached.close()
 
 
+def test_rows_a_read_only_store_lacks_are_refused_saying_nothing_was_written(
+    count_rows: Callable[[nn.Module], Tally],
+) -> None:
+    """Rows a read-only store lacks are refused before the module runs: the error says
+    their writes would fail, never that writes failed, since none was tried."""
+    url = f"memory://somatize/{os.urandom(6).hex()}"
+    data = images(12)
+    first = cache_rows(encoder(), Store.on_bucket(url))
+    first(data[:8])
+    first.close()
+    cached = cache_rows(encoder(), Store.on_bucket(url, read_only=True))
+    counter = count_rows(cached.module)
+    with pytest.raises(StoreError, match=r"4 of the 12 rows") as refused:
+        cached(data)
+    said = str(refused.value)
+    assert "would fail" in said and "writes failing" not in said, said
+    assert counter.rows == 0 and cached.stats.computed == 0
+    cached.close()
+
+
 class Transposes(nn.Module):
     """Answers each row transposed: a batch whose rows are not in C order."""
 
