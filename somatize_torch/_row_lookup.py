@@ -246,20 +246,28 @@ def _recall_or_run(
     if isinstance(x, DeferredRows):
         x.answered(_held(self, near, positions))  # their inputs need not come any more
     with self._tiers_lock:
-        into = self._counts
+        into = _count_batch(self, count, len(positions), computed)
         for name, rows_of in counts.items():
             into[name] += rows_of
-        into["batches"] += 1
-        into["rows"] += count
-        into["computed"] += len(positions)  # rows of the batch answered by running
         into["ran_ahead"] += count if ahead is not None else 0
         # Nothing recalled: the next batch on a device is run before its rows are named.
         cold = not any(counts[tier] for tier in ("device", "host", "pending", "store"))
         if cold != self._cold:
             self._cold = cold
-        into["compute_s"] += computed
         into["lookup_s"] += time.perf_counter() - start - computed
     return out
+
+
+def _count_batch(self: CachedRows, rows: int, computed: int, compute_s: float) -> dict[str, float]:
+    """Counts a batch of ``rows``, ``computed`` of them answered by running the module (kept
+    or not) in ``compute_s``, into the cache's counts, which it returns for the rest of
+    the batch's; called under the cache's lock."""
+    into = self._counts
+    into["batches"] += 1
+    into["rows"] += rows
+    into["computed"] += computed
+    into["compute_s"] += compute_s
+    return into
 
 
 def _answer_outdated(self: CachedRows, x: DeferredRows) -> torch.Tensor:
@@ -267,8 +275,9 @@ def _answer_outdated(self: CachedRows, x: DeferredRows) -> torch.Tensor:
     holds (:meth:`~somatize_torch.deferred.DeferredRows.outdated`), from the inputs that
     came with them, warned of once per Deferred and version: rows made so may hold the
     old data or the new (changed in place where the workers read it), which the cache
-    cannot tell apart, so none is recalled or kept. Rows that came without their input
-    are refused (:meth:`~somatize_torch.deferred.DeferredRows.loadable`)."""
+    cannot tell apart, so none is recalled or kept; they are counted as computed. Rows
+    that came without their input are refused
+    (:meth:`~somatize_torch.deferred.DeferredRows.loadable`)."""
     seen = (x.source, x.version)
     if seen not in self._outdated_warned:
         self._outdated_warned.add(seen)
@@ -283,7 +292,11 @@ def _answer_outdated(self: CachedRows, x: DeferredRows) -> torch.Tensor:
             stacklevel=outside_level(),
         )
     _check_still(self)  # answered as any row is: by the module in eval
-    return self._uncached(x)
+    began = time.perf_counter()
+    out = self._uncached(x)
+    with self._tiers_lock:
+        _count_batch(self, len(x), len(x), time.perf_counter() - began)
+    return out
 
 
 def _run(

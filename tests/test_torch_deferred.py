@@ -816,7 +816,9 @@ def test_rows_that_came_with_their_inputs_before_a_new_version_are_answered_from
     """Rows handed out under one version with their inputs (loaded by a worker holding the
     Deferred as it was) are computed from those inputs, though the Deferred holds another
     version now, and kept under neither: nothing of the new version is loaded for them, and
-    a cache of the old version finds none of them."""
+    a cache of the old version finds none of them. They count as what they are: batches
+    whose rows were all computed, none recalled (``computed`` counts rows answered by
+    running, kept or not), so the hit rate does not leave them out."""
     first, second = images(14, 8), images(15, 8)
     data = Deferred(first, version="data@1")
     with torch.no_grad():
@@ -827,7 +829,10 @@ def test_rows_that_came_with_their_inputs_before_a_new_version_are_answered_from
         with pytest.warns(SomatizeWarning, match="DataLoader again"):
             for rows in handed_out:
                 assert torch.equal(cached(rows), cached.module(first[rows.index]))
-        assert cached.stats.computed == 0
+        stats = cached.stats
+        assert (stats.batches, stats.rows, stats.computed) == (len(handed_out), 8, 8)
+        assert stats.recalled == 0 and stats.hit_rate == 0.0
+        assert cached.tiers[0].rows == 0  # computed, but not kept
         cached.flush()
         fresh = cache_rows(encoder(), tmp_path, key="index")
         for rows in batches(Deferred(first, version="data@1"), size=4):
