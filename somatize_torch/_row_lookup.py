@@ -275,9 +275,9 @@ def _answer_outdated(self: CachedRows, x: DeferredRows) -> torch.Tensor:
     holds (:meth:`~somatize_torch.deferred.DeferredRows.outdated`), from the inputs that
     came with them, warned of once per Deferred and version: rows made so may hold the
     old data or the new (changed in place where the workers read it), which the cache
-    cannot tell apart, so none is recalled or kept; they are counted as computed. Rows
-    that came without their input are refused
-    (:meth:`~somatize_torch.deferred.DeferredRows.loadable`)."""
+    cannot tell apart, so none is recalled or kept. They run as any row the cache computes
+    does, without gradients, and are counted as computed. Rows that came without their
+    input are refused (:meth:`~somatize_torch.deferred.DeferredRows.loadable`)."""
     seen = (x.source, x.version)
     if seen not in self._outdated_warned:
         self._outdated_warned.add(seen)
@@ -293,7 +293,8 @@ def _answer_outdated(self: CachedRows, x: DeferredRows) -> torch.Tensor:
         )
     _check_still(self)  # answered as any row is: by the module in eval
     began = time.perf_counter()
-    out = self._uncached(x)
+    with torch.no_grad():  # as `_answer` runs the rows the cache computes
+        out = self._uncached(x)
     with self._tiers_lock:
         _count_batch(self, len(x), len(x), time.perf_counter() - began)
     return out

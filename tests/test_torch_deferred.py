@@ -865,6 +865,36 @@ def test_rows_answered_from_their_inputs_after_a_new_version_are_answered_in_eva
     assert torch.equal(out, first[handed_out[0].index].flatten(1))
 
 
+class _GradModes(nn.Module):
+    """Notes whether gradients are on each time it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.modes: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.modes.append(torch.is_grad_enabled())
+        return x.flatten(1)
+
+
+def test_rows_answered_from_their_inputs_after_a_new_version_run_without_gradients(
+    tmp_path: Path,
+) -> None:
+    """Rows handed out under a version their Deferred no longer holds run as the cache runs
+    any row it computes, without gradients, not in the caller's grad mode (a training
+    step's): nothing of theirs is recorded for a backward pass that cannot reach them."""
+    data = Deferred(images(22, 8), version="data@1")
+    module = _GradModes()
+    cached = cache_rows(module, tmp_path, key="index")
+    handed_out = batches(data, size=4)  # nothing answered yet: every input came
+    cached(handed_out[0])  # computed under data@1, as any row is
+    data.version = "data@2"
+    with pytest.warns(SomatizeWarning, match="DataLoader again"):
+        out = cached(handed_out[1])
+    assert torch.is_grad_enabled() and module.modes and not any(module.modes)
+    assert not out.requires_grad
+
+
 @pytest.mark.parametrize("was", ["data@1", None], ids=["its-own", "the-cache's"])
 def test_a_new_version_of_its_own_is_not_taken_from_workers_holding_the_old(
     tmp_path: Path, was: str | None
