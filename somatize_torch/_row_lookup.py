@@ -424,10 +424,9 @@ def _admit(self: CachedRows, near: list[Hashable], rows: torch.Tensor) -> None:
         for i, key in enumerate(near):
             first.setdefault(key, i)
         for tier in self.tiers:
-            for bank in tier.banks:
-                if not bank.slots.keys().isdisjoint(first):  # as a rule, none is held
-                    for key in [key for key in first if key in bank.slots]:
-                        del first[key]
+            if not tier.slots.keys().isdisjoint(first):  # as a rule, none is held
+                for key in [key for key in first if key in tier]:
+                    del first[key]
         if len(first) < len(near):
             near = list(first)
             rows = rows[torch.tensor(list(first.values()), dtype=torch.long, device=rows.device)]

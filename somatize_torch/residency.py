@@ -15,9 +15,12 @@ store writer's staging (:meth:`Writer.recall`), which a recall takes before the
 store's.
 
 **Memory tiers** (:class:`Tier`) keep rows of equal shape and dtype in one
-preallocated tensor (a :class:`Bank`) with a dict from key to row slot, so
-recalling a whole batch is one dict pass over its keys and one ``index_select``
-— as cheap as reading precomputed features out of a tensor. A tier holds at
+preallocated tensor (a :class:`Bank`), and one dict from key to row slot for all
+their banks, a slot's number saying its bank too (:data:`_BANK_ROWS`). Recalling
+a whole batch is one dict pass over its keys and one ``index_select`` — as cheap
+as reading precomputed features out of a tensor, however many banks the tier has:
+sequences padded each batch to its own length make hundreds of row shapes, and a
+batch's keys are never looked for in the banks of the others. A tier holds at
 most its byte budget: what its banks allocate, not only the rows they hold, each row
 counted with the dict entry it is found by (:data:`ROW_INDEX_BYTES`, in host memory
 whatever the tier's device — for rows of a few floats, most of what a tier holds). A
@@ -41,8 +44,7 @@ from __future__ import annotations
 
 import array
 import itertools
-import operator
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 import torch
 
@@ -50,7 +52,12 @@ from somatize_torch._row_codec import decode_rows, encode_rows, select_rows
 from somatize_torch.writer import WriteFailed, Writer, store_lock
 
 _NO_SLOT = -1
-"""The slot a bank's lookup answers for a row it does not hold."""
+"""The slot a tier's lookup answers for a row it does not hold."""
+
+_BANK_ROWS = 1 << 40
+"""How many slot numbers each bank has in its tier's dict: bank ``n``'s rows are numbered
+from ``n * _BANK_ROWS``, so a row's number says which bank holds it and where, and one
+dict finds rows of every shape (far more rows than a bank ever holds)."""
 
 __all__ = [
     "ROW_INDEX_BYTES",
@@ -79,7 +86,8 @@ take ten times its budget."""
 
 
 class Bank:
-    """Rows of one shape and dtype in one tensor, with a dict from key to row slot.
+    """Rows of one shape and dtype in one tensor, their keys in its tier's dict from key to
+    slot number, numbered from the bank's ``base``.
 
     Slots are written once and never change (answers are immutable), so a view of
     rows already in the bank stays valid while later rows are appended. Its tensor is
@@ -87,19 +95,27 @@ class Bank:
     validation loop's), so rows computed outside it can still be appended.
     """
 
-    __slots__ = ("device", "dtype", "row_bytes", "row_shape", "slots", "tensor", "used")
+    __slots__ = ("base", "device", "dtype", "row_bytes", "row_shape", "slots", "tensor", "used")
 
     row_bytes: int
     """What one row costs the tier: its bytes and its entry in ``slots``
     (:data:`ROW_INDEX_BYTES`)."""
 
-    def __init__(self, row_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        row_shape: tuple[int, ...],
+        dtype: torch.dtype,
+        device: torch.device,
+        slots: dict[Hashable, int],
+        base: int = 0,
+    ) -> None:
         self.row_shape = row_shape
         self.dtype = dtype
         self.device = device
         size = torch.Size(row_shape).numel() * torch.empty((), dtype=dtype).element_size()
         self.row_bytes = size + ROW_INDEX_BYTES
-        self.slots: dict[Hashable, int] = {}
+        self.slots = slots  # the tier's, shared by all its banks
+        self.base = base  # the number of this bank's first row in ``slots``
         with torch.inference_mode(False):
             self.tensor = torch.empty((0, *row_shape), dtype=dtype, device=device)
         self.used = 0
@@ -127,7 +143,7 @@ class Bank:
         # interrupt (Ctrl-C in a forward) before that leaves none of them here, and one
         # between the two statements leaves rows counted that no key points at (room
         # lost, never a wrong row). Never a key at a slot the next append writes over.
-        placed = dict(zip(keys, range(self.used, end), strict=True))
+        placed = dict(zip(keys, range(self.base + self.used, self.base + end), strict=True))
         self.used = end
         self.slots.update(placed)
 
@@ -144,19 +160,26 @@ class Bank:
         resized[: self.used].copy_(self.tensor[: self.used])
         self.tensor = resized
 
-    def gather(self, slots: Sequence[int]) -> torch.Tensor:
-        """The rows at ``slots``, in that order, as a new tensor on the bank's device."""
-        if not slots:
-            return self.tensor[:0].clone()
+    def gather(self, slots: Iterable[int]) -> torch.Tensor:
+        """The rows numbered ``slots`` (as in the tier's dict), in that order, as a new
+        tensor on the bank's device."""
         # From an array of int64, not a list: a third of the time for a batch of slots.
-        index = torch.frombuffer(array.array("q", slots), dtype=torch.long)
+        numbers = array.array("q", slots)
+        if not numbers:
+            return self.tensor[:0].clone()
+        index = torch.frombuffer(numbers, dtype=torch.long)
+        if self.base:
+            index = index - self.base
         if self.device.type != "cpu":
             index = index.to(self.device, non_blocking=True)
         return select_rows(self.tensor, index)
 
 
 class Tier:
-    """One memory tier: banks on one device, within a byte budget, never evicting."""
+    """One memory tier: banks on one device, within a byte budget, never evicting.
+
+    ``slots`` maps each key held to its row's number (:data:`_BANK_ROWS`): a lookup costs
+    the same whatever the number of banks, as does finding the bank for rows of a shape."""
 
     def __init__(self, name: str, device: torch.device | str, budget: int) -> None:
         if budget < 0:
@@ -164,11 +187,17 @@ class Tier:
         self.name = name
         self.device = torch.device(device)
         self.budget = int(budget)
-        self.banks: list[Bank] = []
+        self.clear()
+
+    def clear(self) -> None:
+        """Lets go of every row held, and of the banks holding them."""
+        self.banks: list[Bank] = []  # bank n holds the rows numbered from n * _BANK_ROWS
+        self.slots: dict[Hashable, int] = {}
+        self._bank_of: dict[tuple[tuple[int, ...], torch.dtype], Bank] = {}
 
     @property
     def used(self) -> int:
-        """Bytes of rows this tier holds, each with its entry in its bank's dict."""
+        """Bytes of rows this tier holds, each with its entry in the tier's dict."""
         return sum(bank.used * bank.row_bytes for bank in self.banks)
 
     @property
@@ -182,7 +211,7 @@ class Tier:
         return sum(bank.used for bank in self.banks)
 
     def __contains__(self, key: object) -> bool:
-        return any(key in bank.slots for bank in self.banks)
+        return key in self.slots
 
     def find(
         self, keys: Sequence[Hashable], positions: Sequence[int] | None = None
@@ -191,34 +220,48 @@ class Tier:
         pieces of (batch positions — None when they are all of ``keys``, in order — and
         their rows), and the positions not held here.
 
-        A whole batch found in one bank costs one dict pass and one gather; each bank is
-        looked in by one mapped pass over the keys still missing, not a Python step a row.
+        Each key is looked up once, in the tier's one dict, whatever the number of banks.
+        A whole batch found in one bank then costs one gather; rows found in several banks
+        are sorted by mapped passes, one per bank they are in, not a Python step a row.
         """
+        rest = list(range(len(keys))) if positions is None else list(positions)
+        wanted = keys if positions is None else [keys[p] for p in rest]
+        found = list(map(self.slots.get, wanted, itertools.repeat(_NO_SLOT, len(wanted))))
+        if not found:
+            return [], rest
+        bank = self._holding_all(found)
+        if bank is not None:
+            # Positions asked out of order, or one twice, are never all of keys in order,
+            # even as many as there are keys: their rows go with them.
+            whole = positions is None or rest == list(range(len(keys)))
+            return [(None if whole else rest, bank.gather(found))], []
+        return self._found_apart(rest, found), list(
+            itertools.compress(rest, map(_NO_SLOT.__eq__, found))
+        )
+
+    def _holding_all(self, found: list[int]) -> Bank | None:
+        """The bank holding every row numbered ``found``, if one does."""
+        if len(self.banks) == 1:  # rows of one shape, as a rule: one pass tells
+            return None if _NO_SLOT in found else self.banks[0]
+        lowest = min(found)
+        if lowest == _NO_SLOT:
+            return None
+        bank = self.banks[lowest // _BANK_ROWS]
+        return bank if max(found) < bank.base + _BANK_ROWS else None
+
+    def _found_apart(
+        self, rest: list[int], found: list[int]
+    ) -> list[tuple[list[int] | None, torch.Tensor]]:
+        """The rows numbered ``found`` (:data:`_NO_SLOT` for none) at batch positions
+        ``rest``, a piece a bank they are in: never all of the keys asked."""
+        banks = list(map(_BANK_ROWS.__rfloordiv__, found))  # _NO_SLOT stays _NO_SLOT
         pieces: list[tuple[list[int] | None, torch.Tensor]] = []
-        every = list(range(len(keys)))
-        rest = every if positions is None else list(positions)
-        wanted = list(keys) if positions is None else [keys[p] for p in rest]
-        # Positions asked out of order, or one twice, are never all of keys in order, even
-        # as many as there are keys: their rows go with their positions.
-        in_order = positions is None or rest == every
-        for bank in self.banks:
-            if not rest:
-                break
-            slots = list(map(bank.slots.get, wanted, itertools.repeat(_NO_SLOT, len(wanted))))
-            if _NO_SLOT not in slots:  # all the rows still missing are in this bank
-                whole = in_order and len(rest) == len(keys)
-                pieces.append((None if whole else rest, bank.gather(slots)))
-                return pieces, []
-            held = list(map(_NO_SLOT.__ne__, slots))
-            if any(held):
-                # Some of the rows still missing: never all of keys.
-                hit_at = list(itertools.compress(rest, held))
-                hit_slots = list(itertools.compress(slots, held))
-                pieces.append((hit_at, bank.gather(hit_slots)))
-                missed = list(map(operator.not_, held))
-                rest = list(itertools.compress(rest, missed))
-                wanted = list(itertools.compress(wanted, missed))
-        return pieces, rest
+        for number in dict.fromkeys(banks):
+            if number != _NO_SLOT:
+                held = list(map(number.__eq__, banks))
+                rows = self.banks[number].gather(itertools.compress(found, held))
+                pieces.append((list(itertools.compress(rest, held)), rows))
+        return pieces
 
     def admit(self, keys: Sequence[Hashable], rows: torch.Tensor) -> int:
         """Keeps as many of ``rows`` (the first ones) as the budget allows; returns how many.
@@ -228,9 +271,7 @@ class Tier:
         if not keys:
             return 0
         row_shape = tuple(rows.shape[1:])
-        bank = next(
-            (b for b in self.banks if b.row_shape == row_shape and b.dtype == rows.dtype), None
-        )
+        bank = self._bank_of.get((row_shape, rows.dtype))
         row_bytes = (
             bank.row_bytes
             if bank is not None
@@ -248,8 +289,10 @@ class Tier:
         if take <= 0:
             return 0
         if bank is None:
-            bank = Bank(row_shape, rows.dtype, self.device)
+            base = len(self.banks) * _BANK_ROWS
+            bank = Bank(row_shape, rows.dtype, self.device, self.slots, base)
             self.banks.append(bank)
+            self._bank_of[row_shape, rows.dtype] = bank
         bank.append(keys[:take], rows[:take], most)
         return take
 

@@ -617,7 +617,7 @@ class CachedRows(nn.Module):
         The store keeps what was written; a later forward finds rows there again."""
         with self._tiers_lock:
             for tier in self.tiers:
-                tier.banks = []
+                tier.clear()
         _drop_keyings(self)
         with self._named_lock:
             self._named.clear()
