@@ -43,8 +43,9 @@ The background store writer, which keeps rows in the store behind the step, is
 from __future__ import annotations
 
 import array
+import contextlib
 import itertools
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -194,6 +195,10 @@ class Tier:
         self.banks: list[Bank] = []  # bank n holds the rows numbered from n * _BANK_ROWS
         self.slots: dict[Hashable, int] = {}
         self._bank_of: dict[tuple[tuple[int, ...], torch.dtype], Bank] = {}
+        # Kept as banks grow and give back room, not summed over them: with rows of
+        # hundreds of shapes, a sum a batch would cost as much as the lookup.
+        self._allocated = 0
+        self._roomy: dict[Bank, None] = {}  # the banks that may have room they do not use
 
     @property
     def used(self) -> int:
@@ -203,7 +208,7 @@ class Tier:
     @property
     def allocated(self) -> int:
         """Bytes its banks have room for: what counts against the budget."""
-        return sum(bank.allocated for bank in self.banks)
+        return self._allocated
 
     @property
     def rows(self) -> int:
@@ -281,9 +286,7 @@ class Tier:
         capacity = int(bank.tensor.shape[0]) if bank is not None else 0
         held = bank.used if bank is not None else 0
         if capacity - held + max(self.budget - self.allocated, 0) // row_bytes < len(keys):
-            for other in self.banks:  # short of room: the others give back what they do not use
-                if other is not bank:
-                    other.trim()
+            self._trim_all_but(bank)  # short of room: the others give back what they do not use
         most = capacity + max(self.budget - self.allocated, 0) // row_bytes
         take = min(len(keys), most - held)
         if take <= 0:
@@ -293,8 +296,29 @@ class Tier:
             bank = Bank(row_shape, rows.dtype, self.device, self.slots, base)
             self.banks.append(bank)
             self._bank_of[row_shape, rows.dtype] = bank
-        bank.append(keys[:take], rows[:take], most)
+        # Listed as roomy before it grows: an interrupt then leaves it to be trimmed still.
+        self._roomy[bank] = None
+        with self._counted(bank):
+            bank.append(keys[:take], rows[:take], most)
         return take
+
+    def _trim_all_but(self, bank: Bank | None) -> None:
+        """Has every bank but ``bank`` give back the room it reserved and does not use."""
+        for other in list(self._roomy):
+            if other is not bank:
+                with self._counted(other):
+                    other.trim()
+                del self._roomy[other]
+
+    @contextlib.contextmanager
+    def _counted(self, bank: Bank) -> Iterator[None]:
+        """Counts in ``allocated`` what ``bank`` comes to allocate meanwhile, even if
+        interrupted: the budget stays exact."""
+        before = bank.allocated
+        try:
+            yield
+        finally:
+            self._allocated += bank.allocated - before
 
     def __repr__(self) -> str:
         return (

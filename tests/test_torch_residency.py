@@ -42,7 +42,7 @@ from somatize_torch import writer as writer_module
 from somatize_torch._native import PinnedPool
 from somatize_torch._row_codec import decode_rows, encode_batch, encode_rows, row_order
 from somatize_torch.codec import TENSOR
-from somatize_torch.residency import ROW_INDEX_BYTES, Tier
+from somatize_torch.residency import ROW_INDEX_BYTES, Bank, Tier
 from somatize_torch.rows import cache_rows
 from somatize_torch.writer import WaitsForItself, WriteFailed, Writer, store_lock
 from tests.conftest_s3 import s3_options, s3_url
@@ -1745,6 +1745,32 @@ def test_a_tier_of_many_shapes_looks_each_row_up_once() -> None:
         for p, row in found.items():
             assert torch.equal(row, kept[names[p]])
         assert sorted([*found, *missing]) == list(range(len(keys)))
+
+
+def test_a_full_tier_of_many_shapes_trims_each_bank_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tier short of room has its other banks give back the room they do not use once,
+    not again at every batch that does not fit; what it counts as allocated stays what its
+    banks hold room for, and within its budget."""
+    trimmed: list[Bank] = []
+    trim = Bank.trim
+
+    def counted_trim(bank: Bank) -> int:
+        trimmed.append(bank)
+        return trim(bank)
+
+    monkeypatch.setattr(Bank, "trim", counted_trim)
+    tier = Tier("host", "cpu", budget=40 * 8 * (4 * 40 + ROW_INDEX_BYTES))
+    for length in range(1, 41):
+        tier.admit([(length, i) for i in range(8)], torch.ones(8, length))
+    refused = 0
+    for turn in range(5):
+        refused += 16 - tier.admit([("more", turn, i) for i in range(16)], torch.ones(16, 40))
+    assert refused > 0  # the tier was short of room at every batch but the first
+    assert len(trimmed) == len(set(map(id, trimmed))) <= 40
+    assert tier.allocated == sum(bank.tensor.shape[0] * bank.row_bytes for bank in tier.banks)
+    assert tier.used <= tier.allocated <= tier.budget
 
 
 def test_rows_interrupted_while_admitted_are_never_recalled_wrong() -> None:
