@@ -193,7 +193,10 @@ def test_an_unsigned_store_opens_unsigned_whatever_the_environment(tmp_path: Pat
     [
         ("/some/dir", r"dict of canonical values, as `store.address\(\)` returns"),
         ({"home": "local", "root": object()}, r"dict of canonical values"),
-        ({"home": "tape", "signed": None}, r"names its home, `local` or `bucket`, got 'tape'"),
+        (
+            {"home": "tape", "signed": None},
+            r"names its home, `local`, `bucket` or `read-only bucket`, got 'tape'",
+        ),
         ({"home": "local", "root": "relative/dir"}, r"directory as an absolute path"),
         ({"home": "bucket", "url": "no-scheme"}, r"its `url` \(with a `://`\)"),
         ({"home": "local", "root": "/x", "signed": 7}, r"`signed` .* is a key fingerprint"),

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
 import errno
+import io
 import json
 import os
 import pickle
@@ -1000,13 +1002,70 @@ def test_a_read_only_bucket_stays_read_only_in_another_process() -> None:
     from, and in its pickle; a store opened without it is not read-only."""
     store = Store.on_bucket(s3_url(), **s3_options(), read_only=True)
     address = store.address()
-    assert address is not None and address["read_only"] is True
+    assert address is not None and address["home"] == "read-only bucket"
     assert Store.from_address(address).writable() is False
     assert pickle.loads(pickle.dumps(store)).writable() is False
+    assert copy.deepcopy(store).writable() is False
     plain = Store.on_bucket(store.url, **s3_options())
-    assert "read_only" not in (plain.address() or {})
+    assert (plain.address() or {})["home"] == "bucket"
+    assert Store.from_address(plain.address() or {}).writable() is True
+    assert pickle.loads(pickle.dumps(plain)).writable() is True
     with pytest.raises(BadAddress, match="read_only is True or False"):
         Store.on_bucket(store.url, **s3_options(), read_only="yes")  # type: ignore[arg-type]
+
+
+# What somatize 0.1.0 (before `read_only`) opens an address's home as.
+_HOMES_BEFORE_READ_ONLY = ("local", "bucket")
+
+
+def test_a_read_only_bucket_address_is_refused_by_a_somatize_without_read_only() -> None:
+    """A somatize from before ``read_only`` opened a bucket store's address as its own,
+    dropping what it did not know, and wrote through a store meant to be read-only: the
+    address of a read-only store names a home that somatize refuses."""
+    store = Store.on_bucket(s3_url(), **s3_options(), read_only=True)
+    address = store.address()
+    assert address is not None
+    assert address["home"] not in _HOMES_BEFORE_READ_ONLY
+    assert Store.from_address(address).writable() is False
+
+
+class _BeforeReadOnly(pickle.Unpickler):
+    """Loads a pickle as a somatize from before ``read_only`` does: it finds only the names
+    the pickle of a store opened without it needs (a class, copyreg's constructor)."""
+
+    def __init__(self, data: bytes, known: set[tuple[str, str]]) -> None:
+        super().__init__(io.BytesIO(data))
+        self.known = known
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module.startswith("somatize") and (module, name) not in self.known:
+            raise AttributeError(f"Can't get attribute {name!r} on <module {module!r}>")
+        return super().find_class(module, name)
+
+
+class _Names(pickle.Unpickler):
+    """Notes every name a pickle loads."""
+
+    def __init__(self, data: bytes) -> None:
+        super().__init__(io.BytesIO(data))
+        self.names: set[tuple[str, str]] = set()
+
+    def find_class(self, module: str, name: str) -> Any:
+        self.names.add((module, name))
+        return super().find_class(module, name)
+
+
+def test_a_read_only_bucket_pickle_is_refused_by_a_somatize_without_read_only() -> None:
+    """A somatize from before ``read_only`` loaded a read-only store's pickle as its own,
+    its flag unread, and wrote through it with the credentials of the process (a worker's
+    role): the pickle names what that somatize lacks, so it refuses it."""
+    plain = pickle.dumps(Store.on_bucket(s3_url(), **s3_options()))
+    noted = _Names(plain)
+    noted.load()
+    read_only = pickle.dumps(Store.on_bucket(s3_url(), **s3_options(), read_only=True))
+    with pytest.raises(AttributeError, match="read_only"):
+        _BeforeReadOnly(read_only, noted.names).load()
+    assert _BeforeReadOnly(plain, noted.names).load().writable() is True
 
 
 @pytest.mark.parametrize(

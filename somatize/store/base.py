@@ -72,6 +72,11 @@ Buffer = bytes | bytearray | memoryview
 
 RECORD_VERSION = 1
 
+READ_ONLY_BUCKET = "read-only bucket"
+"""The ``home`` in the address of a bucket store opened ``read_only=True``. Not ``bucket``
+with a flag beside it: a somatize from before ``read_only`` reads the address as its
+own and would open the store to write; this home it refuses instead."""
+
 NAME_SEGMENT_BYTES = 255
 """The longest segment of a name: what a file name may hold on common filesystems."""
 NAME_BYTES = 1024
@@ -616,13 +621,13 @@ class Store(abc.ABC):
             from somatize.store.local import LocalStore
 
             return LocalStore._reopen(address, signer)
-        if home == "bucket":
+        if home in ("bucket", READ_ONLY_BUCKET):
             from somatize.store.bucket import BucketStore
 
             return BucketStore._reopen(address, signer)
         raise BadAddress(
-            f"a store's address names its home, `local` or `bucket`, got {home!r}; make "
-            "addresses with `store.address()`"
+            f"a store's address names its home, `local`, `bucket` or `{READ_ONLY_BUCKET}`, "
+            f"got {home!r}; make addresses with `store.address()`"
         )
 
     # -- blobs --------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from pathlib import Path
-from typing import IO, Any, cast
+from typing import IO, Any, SupportsIndex, cast
 from urllib.parse import unquote, urlsplit
 
 from somatize import canonical
@@ -61,6 +61,7 @@ from somatize.store._credentials import guarded, held_url, kind_given, masked, p
 from somatize.store._local_files import open_file
 from somatize.store._packed import Claims, digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
+    READ_ONLY_BUCKET,
     Answer,
     BadAddress,
     BadName,
@@ -745,6 +746,12 @@ def _made_without(error: TypeError) -> bool:
     )
 
 
+def _read_only_bucket_store(kind: type[BucketStore]) -> BucketStore:
+    """A bucket store opened ``read_only=True``, made empty for its pickle's state
+    (:meth:`BucketStore.__reduce_ex__`)."""
+    return cast("BucketStore", kind.__new__(kind))
+
+
 class BucketStore(BucketShelf):
     """A store under ``url`` in a bucket; see the module docstring.
 
@@ -945,6 +952,15 @@ class BucketStore(BucketShelf):
         except (PermissionError, StoreError):
             return False
 
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
+        # A read-only store is loaded through a function of its own: a somatize from before
+        # `read_only` has none of that name, and refuses the pickle, where it would load
+        # the store as its own and write to it.
+        reduced = super().__reduce_ex__(protocol)
+        if not self.read_only or isinstance(reduced, str):
+            return reduced
+        return (_read_only_bucket_store, (type(self),), *reduced[2:])
+
     def _open_fs(self) -> Any:
         from fsspec.core import url_to_fs
 
@@ -973,13 +989,12 @@ class BucketStore(BucketShelf):
         if not canonical.is_canonical(options):
             return None
         return {
-            "home": "bucket",
+            "home": READ_ONLY_BUCKET if self.read_only else "bucket",
             "url": self.url,
             "options": options,
             "retries": self.retries,
             "backoff": self.backoff,
             "signed": None if self.signer is None else self.signer.fingerprint,
-            **({"read_only": True} if self.read_only else {}),
         }
 
     @classmethod
@@ -988,10 +1003,8 @@ class BucketStore(BucketShelf):
         (None: unsigned)."""
         url, options = address.get("url"), address.get("options", {})
         retries, backoff = address.get("retries", 5), address.get("backoff", 0.05)
-        read_only = address.get("read_only", False)
         if (
-            not isinstance(read_only, bool)
-            or not isinstance(url, str)
+            not isinstance(url, str)
             or "://" not in url
             or not isinstance(options, dict)
             or not isinstance(retries, int)
@@ -999,23 +1012,23 @@ class BucketStore(BucketShelf):
         ):
             raise BadAddress(
                 "a bucket store's address holds its `url` (with a `://`), its storage "
-                "`options` as a dict, `retries` as an int, `backoff` in seconds and, where "
-                "it is read-only, `read_only` as True; make it with `store.address()`"
+                "`options` as a dict, `retries` as an int and `backoff` in seconds; make it "
+                "with `store.address()`"
             )
         apart = sorted(set(options) & {"cache", "signing_key", "retries", "backoff", "read_only"})
         if apart:
             raise BadAddress(
                 f"a bucket store's address holds storage `options` for the filesystem only, got "
-                f"{apart}: `retries`, `backoff` and `read_only` lie beside them, and a cache "
-                "or a signing key is never in an address (each process has its own); make it "
-                "with `store.address()`"
+                f"{apart}: `retries` and `backoff` lie beside them, a read-only store's "
+                f"`home` is {READ_ONLY_BUCKET!r}, and a cache or a signing key is never in an "
+                "address (each process has its own); make it with `store.address()`"
             )
         store = cls(
             url,
             signing_key=signer,
             retries=retries,
             backoff=backoff,
-            read_only=read_only,
+            read_only=address.get("home") == READ_ONLY_BUCKET,
             **options,
         )
         store.signer = signer  # None means unsigned here, not the environment's key
