@@ -1027,6 +1027,10 @@ def test_a_read_only_bucket_address_is_refused_by_a_somatize_without_read_only()
     assert address is not None
     assert address["home"] not in _HOMES_BEFORE_READ_ONLY
     assert Store.from_address(address).writable() is False
+    flagged = {**address, "home": "bucket", "read_only": True}  # as an address was once written
+    assert Store.from_address(flagged).writable() is False
+    with pytest.raises(BadAddress, match="`backoff` in seconds"):
+        Store.from_address({**flagged, "read_only": "yes"})
 
 
 class _BeforeReadOnly(pickle.Unpickler):

@@ -1003,8 +1003,11 @@ class BucketStore(BucketShelf):
         (None: unsigned)."""
         url, options = address.get("url"), address.get("options", {})
         retries, backoff = address.get("retries", 5), address.get("backoff", 0.05)
+        # Read-only by its home; a flag beside `bucket` is honoured too, as it was once written.
+        read_only = address.get("read_only", False)
         if (
-            not isinstance(url, str)
+            not isinstance(read_only, bool)
+            or not isinstance(url, str)
             or "://" not in url
             or not isinstance(options, dict)
             or not isinstance(retries, int)
@@ -1028,7 +1031,7 @@ class BucketStore(BucketShelf):
             signing_key=signer,
             retries=retries,
             backoff=backoff,
-            read_only=address.get("home") == READ_ONLY_BUCKET,
+            read_only=read_only or address.get("home") == READ_ONLY_BUCKET,
             **options,
         )
         store.signer = signer  # None means unsigned here, not the environment's key
