@@ -92,7 +92,7 @@ def _signature(module: nn.Module) -> tuple[Any, list[inspect.Parameter]] | None:
     parameter."""
     forward = _forward_of(module)
     try:
-        parameters = list(inspect.signature(_forward_of(module)).parameters.values())
+        parameters = list(inspect.signature(forward).parameters.values())
     except (TypeError, ValueError):
         return None
     if not parameters or parameters[0].kind not in _NAMED:
@@ -128,14 +128,18 @@ def refuse_beside(
         return
     forward, parameters = read
     first = parameters[0].name
+    # The indices are no input: keyed by index they go as `index=` (refused there where
+    # the forward takes them too); keyed by content they are left out of every call.
     also = [
         p.name
         for p in parameters[1:]
-        if p.kind in _NAMED and p.name != found and isinstance(item.get(p.name), torch.Tensor)
+        if p.kind in _NAMED
+        and p.name not in (found, "index")
+        and isinstance(item.get(p.name), torch.Tensor)
     ]
     if by_name and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
         # `**kwargs` takes any name (a wrapper handing them on to a model): all but the
-        # indices, which are no input, are taken beside the batch.
+        # indices are taken beside the batch.
         also = [
             name
             for name, value in item.items()

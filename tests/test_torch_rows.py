@@ -2271,6 +2271,27 @@ def test_prefill_refuses_a_mask_beside_a_dict_s_x_that_the_forward_takes() -> No
     assert prefill(cache_rows(HandsOnX()), labelled, progress=False).computed == 8
 
 
+class IndexedX(PooledTokens):
+    """A text encoder whose forward takes the samples' indices beside its ids."""
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:  # type: ignore[override]
+        return super().forward(x)
+
+
+def test_prefill_never_takes_a_dict_s_index_for_a_mask(tmp_path: Path) -> None:
+    """A dict's ``index`` is the samples' indices, never a mask, even where the forward
+    names a parameter ``index``: keyed by content it is left out, as every call of the
+    cache leaves it; keyed by index, the cache refuses a forward taking it, and says so.
+    It was refused as a mask left out, with advice that led to the other refusal."""
+    items = [
+        {"x": b["input_ids"], "index": torch.arange(4) + 4 * i} for i, b in enumerate(tokenized(8))
+    ]
+    assert prefill(cache_rows(IndexedX()), items, progress=False).computed == 8
+    by_index = cache_rows(IndexedX(), tmp_path, key="index", version="ids@1")
+    with pytest.raises(RowsError, match="which its forward takes too"):
+        prefill(by_index, items, progress=False)
+
+
 class StackedTokens(PooledTokens):
     """A text encoder handed its ids and their mask as one tensor, taken apart here."""
 
