@@ -181,7 +181,9 @@ def _inputs(
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], DeferredRows):
         return batch[0], None
     if isinstance(batch, Mapping) and isinstance(batch.get(_dict_key(batch)), DeferredRows):
-        return batch[_dict_key(batch)], None  # a `StackDataset(x=Deferred(...), y=labels)`
+        # A `StackDataset(x=Deferred(...), y=labels)`: a mask beside it is refused too.
+        refuse_beside(batch, _dict_key(batch), module, key, by_name=False)
+        return batch[_dict_key(batch)], None
     if isinstance(batch, DeferredRows):
         return batch, None
     path = batch_at(batch)

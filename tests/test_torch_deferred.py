@@ -26,7 +26,7 @@ from somatize_torch import _row_lookup
 from somatize_torch.deferred import Deferred, DeferredRows, NotLoadable
 from somatize_torch.residency import ROW_INDEX_BYTES
 from somatize_torch.rows import NeedsIndex, RowsError, cache_rows, prefill
-from tests.test_torch_rows import PooledTokens
+from tests.test_torch_rows import MaskedX, PooledTokens
 
 ROWS = 64
 
@@ -438,6 +438,18 @@ def test_prefill_takes_deferred_rows_at_a_dicts_x_or_named_as_the_input(
         with torch.no_grad():
             assert torch.equal(cached(item[name]), cached.module(ids[item["y"]]))
     assert cached.stats.recalled == ROWS
+
+
+def test_prefill_refuses_a_mask_beside_deferred_rows_at_a_dicts_x(tmp_path: Path) -> None:
+    """A mask beside a dict's deferred ``x`` that the forward takes is refused, as beside
+    deferred rows named as the forward's input or a tensor ``x``: the cache hands the
+    module the rows alone. It was left out without a word."""
+    ids = torch.randint(1, 50, (ROWS, 7))
+    data = StackDataset(x=Deferred(ids, version="ids@1"), mask=torch.ones_like(ids))
+    cached = cache_rows(MaskedX(), tmp_path, key="index")
+    with pytest.raises(TypeError, match=r"under 'x'.*'mask' beside it"):
+        prefill(cached, DataLoader(data, batch_size=16), progress=False)
+    assert cached.stats.computed == 0
 
 
 def test_moving_rows_to_a_device_loads_them_there() -> None:
