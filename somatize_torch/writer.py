@@ -6,8 +6,8 @@ CUDA is, plain host memory otherwise) and handed to a background thread (a
 :class:`Writer`'s) that keeps them in the store through ``store.open_joined``, a batch
 at a time as they come and published a pack at a time — so the forward never waits on
 the disk (it waits only when more than ``pending_bytes``
-are still unwritten, each row counted with its key, :data:`KEY_BYTES`, which bounds the
-memory the writer holds). ``flush()`` waits
+are still unwritten, the thread then writing what it gathers at once, each row counted
+with its key, :data:`KEY_BYTES`, which bounds the memory the writer holds). ``flush()`` waits
 for every row to be written; so do interpreter exit (first before its thread
 pools stop taking work, then once more as an ``atexit`` handler) and the end of
 a worker process, and once every writer of a store is dropped its thread writes
@@ -424,11 +424,17 @@ class Writer:
             with backlog.changed:
                 # Past the budget rather than wait for ever where the thread writes through
                 # a store lock this thread holds (a forward that code a collection ran).
+                woken = False
                 while (
                     backlog.pending > 0
                     and backlog.pending + nbytes > self.pending_bytes
                     and not backlog.locked_here()
                 ):
+                    if not woken:
+                        # The thread may be gathering what this waits for (until a flush,
+                        # where linger is math.inf): it writes them now, as for a flush.
+                        backlog.queue.put(_WAKE)
+                        woken = True
                     backlog.changed.wait()
                 backlog.pending += nbytes
                 reserved = True

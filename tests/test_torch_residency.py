@@ -2584,6 +2584,29 @@ def test_a_writer_gathering_until_a_flush_writes_its_rows_at_the_flush(store: St
     writer.close()
 
 
+@pytest.mark.parametrize("pending_bytes", [0, 1000])
+def test_a_submit_past_the_budget_of_a_writer_gathering_until_a_flush_has_it_write(
+    store: Store, pending_bytes: int
+) -> None:
+    """A submit waiting for the rows before it to be written, past ``pending_bytes``, has
+    the thread write what it gathers, ``linger=math.inf`` as any other: it waited for ever
+    there, the thread gathering until a flush that the waiting submit kept from coming."""
+    keys = [f"blake3:{digit * 64}" for digit in "abc"]
+    writer = Writer(store, linger=math.inf, pending_bytes=pending_bytes)
+
+    def submits() -> None:
+        for at, key in enumerate(keys):
+            writer.submit([key], torch.full((1, 64), float(at)))
+
+    assert _within(submits) is None
+    assert _within(writer.flush) is None
+    assert writer.kept_rows == 3
+    for at, key in enumerate(keys):
+        _, data = store.recall(key)
+        assert decode_rows([data])[0].tolist() == [float(at)] * 64
+    writer.close()
+
+
 @pytest.mark.parametrize(
     ("setting", "value"),
     [
