@@ -98,6 +98,8 @@ could change is copied first (see :func:`~somatize.store._packed.steady_runs`)."
 _AHEAD = 2
 """How many runs the writer goes on past the last one hashed: the copies held at once."""
 _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
+"""What the filesystem says when this process may not change the store (a read-only disk,
+another user's files)."""
 
 _OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
 """Why a file could not be opened when this process (or the system) has as many open as it
@@ -108,8 +110,7 @@ _CLOSE_FILES = (
     "its limit (`ulimit -n`, or `resource.setrlimit(resource.RLIMIT_NOFILE, ...)`), or "
     "close files it holds (fewer DataLoader workers, fewer stores or datasets open)"
 )
-"""What the filesystem says when this process may not change the store (a read-only disk,
-another user's files)."""
+"""What to do where this process has no file left to open."""
 _VERIFIED_HELD = 1 << 16
 """How many blobs a store remembers having hashed to their digests (by their files'
 stamps), so that one read again is not hashed again: a process that keeps or reads an
