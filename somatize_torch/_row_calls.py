@@ -1,6 +1,8 @@
 """What a row-cached module is called with: a batch (by place, or by the name the module's
 forward gives its input, as a text encoder is called: ``cached(input_ids=ids)``), and its
-samples' indices where rows are keyed by them. Anything else is refused.
+samples' indices where rows are keyed by them. Anything else is refused, but None to a
+parameter whose default is None (``attention_mask=None``): that is the call without it
+(:func:`_defaults_left_out`).
 
 A row is keyed by its input alone (or by its index), so nothing else may reach the
 module: an argument beside the batch (``encoder(x, mask)``, ``encoder(x, scale=2)``)

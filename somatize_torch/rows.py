@@ -471,8 +471,9 @@ class CachedRows(nn.Module):
         """The module's output on ``x``, row by row from the nearest copy; see the class.
 
         ``index`` is keyword-only: a second positional argument (``encoder(x, mask)``) is
-        one the module would take, and is refused as every other argument is. The batch
-        may go by the name the module's forward gives it (``cached(input_ids=ids)``)."""
+        one the module would take, and is refused as every other argument is, but None
+        where the forward defaults to None (the call without it). The batch may go by the
+        name the module's forward gives it (``cached(input_ids=ids)``)."""
         if x is None and more:
             x, more = _named_batch(self, more)
         beside, more = _defaults_left_out(self.module, beside, more)
