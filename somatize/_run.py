@@ -28,6 +28,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 from somatize._record import (
@@ -632,6 +633,15 @@ class _Run:
             self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
             raise
 
+    def refuse_keeping(self, keeping: AbstractSet[str]) -> None:
+        """Raises the error keeping an answer in the store would raise, when ``keeping``
+        (cached nodes about to run) is not empty and the store can tell it now: the work
+        is not done only to be lost."""
+        if keeping and self.store is not None:
+            refused = self.store._refused_keeping()
+            if refused is not None:
+                raise refused
+
     def run_mapped(
         self,
         plan: Plan,
@@ -704,6 +714,8 @@ class _Run:
         if recalled:  # said before the rest run: read is read, whether or not they fail
             self.emit({"fact": "recalled", "node": node, "items": recalled, "of": count})
         if missing:
+            if keyed:
+                self.refuse_keeping({node})
             called, alike = _first_of_each(missing, items)
             sub = [[value[i] for i in called] for value in inputs]
             ctx.keys = [items[i] for i in called] if items is not None else None

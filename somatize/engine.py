@@ -470,10 +470,9 @@ def run(
                 plan.walk(wanted)
         static = plan.static
         running = state.running = plan.running
-        if running and store is not None and not running.isdisjoint(static.cached):
-            refused = store._refused_keeping()
-            if refused is not None:
-                raise refused
+        # A late mapped node's items are keyed only once what it reads has answered: it
+        # is asked then, before it runs (`_Run.run_mapped`).
+        state.refuse_keeping(running & static.cached - static.late)
         value_of = _opened(x)
         state.input = (x, value_of, plan.root)
         recalled = plan.recalled

@@ -40,7 +40,7 @@ from somatize.store import (
 from somatize.store.records import encode_record
 from tests.conftest_s3 import READS, s3_options, s3_url, user
 from tests.forked import in_forked_child
-from tests.nodes import Largest, Rows, Scale
+from tests.nodes import Largest, Rows, Scale, Square
 
 
 def key_of(label: str) -> str:
@@ -995,6 +995,25 @@ def test_a_bucket_opened_read_only_refuses_a_forward_before_its_first_node_runs(
         assert (looked.calls, written.calls) == (0, 0)
         assert g.forward([1.0, 2.0], store=store) == 4.0
         assert largest.calls == 1
+
+
+def test_a_read_only_bucket_serves_a_mapped_node_reading_a_computed_list() -> None:
+    """A mapped cached node reading what another node computed has its items keyed only
+    once that answers. Over a bucket opened ``read_only=True`` that holds all its items, a
+    forward asking for it is served, not refused; one with an item the bucket lacks is
+    refused before the mapped node runs."""
+    url = s3_url()
+    square = Square().named("square").frozen().mapped().cached()
+    g = Graph.somatize(Rows().named("rows").frozen() >> square)
+    span = {"at": 0, "take": 4}
+    assert g.forward(span, store=Store.on_bucket(url, **s3_options())) == [0, 1, 4, 9]
+    store = Store.on_bucket(url, **s3_options(), read_only=True)
+    seen: list[dict[str, Any]] = []
+    assert g.forward(span, store=store, watching=seen.append) == [0, 1, 4, 9]
+    assert {"fact": "recalled", "node": "square", "items": 4, "of": 4} in seen
+    with pytest.raises(StoreError, match="opened with read_only=True"):
+        g.forward({"at": 0, "take": 5}, store=store)
+    assert square.calls == [[0, 1, 2, 3]]
 
 
 def test_a_read_only_bucket_stays_read_only_in_another_process() -> None:
