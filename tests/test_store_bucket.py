@@ -1016,6 +1016,36 @@ def test_a_read_only_bucket_serves_a_mapped_node_reading_a_computed_list() -> No
     assert square.calls == [[0, 1, 2, 3]]
 
 
+def test_a_store_served_over_http_says_a_missing_blob_without_naming_a_bucket(
+    tmp_path: Path,
+) -> None:
+    """A store read from a web server (``http://host/store``, opened ``read_only=True``) is
+    read as any other; a blob it lacks is Missing, said as not there, never as a bucket
+    ``http:`` that does not exist: a web server's paths hold no bucket."""
+    import functools
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    local = Store(tmp_path)
+    kept = local.put(b"served")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=tmp_path))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store = Store.on_bucket(
+            f"http://127.0.0.1:{server.server_address[1]}", read_only=True, retries=0
+        )
+        assert bytes(store.get(kept)) == b"served"
+        with pytest.raises(Missing) as missing:
+            store.get(key_of_bytes(b"never put"))
+        assert "bucket" not in str(missing.value)
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def test_a_read_only_bucket_stays_read_only_in_another_process() -> None:
     """``read_only`` travels with the store: in its address, which another process opens it
     from, and in its pickle; a store opened without it is not read-only."""

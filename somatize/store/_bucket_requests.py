@@ -481,8 +481,9 @@ class BucketRequests(PackedHome):
 
     def _bucket_name(self) -> str | None:
         """The bucket the store lies in, on an object store (``s3://bucket/…``); None on a
-        filesystem (``file://``, ``memory://``), which has none."""
-        if self._protocols & {"file", "local", "memory"}:
+        filesystem (``file://``, ``memory://``) or a web server (``https://host/…``, whose
+        paths stay whole URLs), which have none."""
+        if self._protocols & {"file", "local", "memory", "http", "https"}:
             return None
         return self.root.lstrip("/").split("/", 1)[0] or None
 
