@@ -195,7 +195,8 @@ def test_an_unsigned_store_opens_unsigned_whatever_the_environment(tmp_path: Pat
         ({"home": "local", "root": object()}, r"dict of canonical values"),
         (
             {"home": "tape", "signed": None},
-            r"names its home, `local`, `bucket` or `read-only bucket`, got 'tape'",
+            r"names its home, `local`, `bucket`, `read-only local` or `read-only bucket`, "
+            r"got 'tape'",
         ),
         ({"home": "local", "root": "relative/dir"}, r"directory as an absolute path"),
         ({"home": "bucket", "url": "no-scheme"}, r"its `url` \(with a `://`\)"),

@@ -929,17 +929,20 @@ def test_a_bucket_opened_read_only_refuses_rows_before_its_first_rows_run(
         cached.close()
 
 
+@pytest.mark.parametrize("home", ["bucket", "local"])
 def test_rows_a_read_only_store_lacks_are_refused_saying_nothing_was_written(
-    count_rows: Callable[[nn.Module], Tally],
+    count_rows: Callable[[nn.Module], Tally], tmp_path: Path, home: str
 ) -> None:
-    """Rows a read-only store lacks are refused before the module runs: the error says
-    their writes would fail, never that writes failed, since none was tried."""
-    url = f"memory://somatize/{os.urandom(6).hex()}"
+    """Rows a store opened ``read_only=True`` (a bucket's, or a local one) lacks are
+    refused before the module runs: the error says their writes would fail, never that
+    writes failed, since none was tried."""
+    where = f"memory://somatize/{os.urandom(6).hex()}" if home == "bucket" else str(tmp_path)
     data = images(12)
-    first = cache_rows(encoder(), Store.on_bucket(url))
+    first = cache_rows(encoder(), Store(where))
     first(data[:8])
     first.close()
-    cached = cache_rows(encoder(), Store.on_bucket(url, read_only=True))
+    cached = cache_rows(encoder(), Store(where, read_only=True))
+    assert torch.equal(cached(data[:8]), expected(encoder(), data)[:8])
     counter = count_rows(cached.module)
     with pytest.raises(StoreError, match=r"4 of the 12 rows") as refused:
         cached(data)

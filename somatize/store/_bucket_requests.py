@@ -366,10 +366,7 @@ class BucketRequests(PackedHome):
     _noted: BucketNotes
     _opened: tuple[Any, int] = (None, -1)
     """The filesystem :attr:`fs` is, and the process it was opened in."""
-    read_only = False
-    """Whether the store was opened ``read_only=True``: it then writes and removes nothing,
-    refusing at once what would (see :meth:`_only_read`), before any request. Set on the
-    object only where True, so that a store keeps fewer attributes than objects share."""
+    _may_write_as = ", with credentials that may write,"
 
     @property
     def fs(self) -> Any:
@@ -543,17 +540,8 @@ class BucketRequests(PackedHome):
             "the URL, or create the bucket"
         )
 
-    def _only_read(self, doing: str) -> StoreError | None:
-        """The error for a write or a removal (``doing``: what it would do) where the store
-        was opened ``read_only=True`` or lies in an archive (:meth:`_in_archive`); None
-        where it may be tried."""
-        if not self.read_only:
-            return self._in_archive(doing)
-        return StoreError(
-            f"cannot {doing} {self.url}: the store was opened with read_only=True, so it "
-            "writes and removes nothing. Nothing was changed; it can still be read. Open it "
-            "without read_only=True, with credentials that may write, to keep answers there"
-        )
+    def _cannot_write(self, doing: str) -> StoreError | None:
+        return self._in_archive(doing)
 
     def _in_archive(self, doing: str) -> StoreError | None:
         """The error for a write (``doing``: what it would do) to a store opened inside a zip

@@ -42,7 +42,6 @@ from datetime import datetime
 from typing import Any
 
 from somatize.store._bucket_requests import _READ_AT_ONCE, BucketRequests, _under_copies
-from somatize.store._compact import Compacted
 from somatize.store._local_upkeep import (
     _LAID_OUT,
     _SHARDED,
@@ -149,9 +148,7 @@ class BucketShelf(BucketRequests):
     ) -> Collected:
         # Refused before anything is listed, removed or written (the file that reads the
         # store's clock): an archive's files are not removed, nor a read-only store's.
-        refused = self._only_read("collect garbage in")
-        if refused is not None:
-            raise refused
+        self._refuse_writing("collect garbage in")
         # Refused, too, before a blob is put back from tmp/aside/: a prefix that bears no
         # store's marker may be a user's folder, left as it is.
         self._refuse_unmarked("collect")
@@ -161,12 +158,6 @@ class BucketShelf(BucketRequests):
         done.abandoned += aborted + left
         done.freed += freed + left_bytes
         return done
-
-    def compact(self, *, grace: float = 60.0) -> Compacted:
-        refused = self._only_read("compact")
-        if refused is not None:
-            raise refused
-        return super().compact(grace=grace)
 
     def _put_back_left_aside(self) -> tuple[int, int]:
         """Puts back each blob a gc stopped between its delete and its put-back (killed,

@@ -365,9 +365,12 @@ class LocalFiles(PackedHome):
 
     def _spill_file(self) -> IO[bytes]:
         """A file with no name in ``tmp/``, on the store's disk: a gc sees none."""
+        self._refuse_writing("write to")
         return self._made_in_tmp(lambda: tempfile.TemporaryFile(dir=self._tmp))
 
     def _spill_failed(self, why: OSError) -> StoreError:
+        if isinstance(why, StoreError):  # said already (a read-only store)
+            return why
         return self._unwritten(None, None, why)
 
     def _made_in_tmp(self, make: Callable[[], T]) -> T:
@@ -384,13 +387,15 @@ class LocalFiles(PackedHome):
         folders); FileNotFoundError when the store's own directory is gone (moved or
         removed since it was opened), which is not made again part by part: a store
         nobody meant would keep what was meant for the one moved."""
+        self._refuse_writing("make folders in")
         if not os.path.isdir(self.root):
             raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(self.root))
         os.makedirs(folder, exist_ok=True)
 
     def writable(self) -> bool:
-        """False where :meth:`_unwritable` finds a write refused."""
-        return self._unwritable() is None
+        """False where the store was opened ``read_only=True``, or :meth:`_unwritable`
+        finds a write refused."""
+        return not self.read_only and self._unwritable() is None
 
     def _unwritable(self) -> OSError | None:
         """An empty file is made in ``tmp/`` (and ``tmp/`` first where it is missing) and
@@ -414,7 +419,10 @@ class LocalFiles(PackedHome):
     def _refused_keeping(self) -> StoreError | None:
         """The error a keep would raise: the store's directory gone (looked for each time,
         one ``stat``), or read-only for this process (found once per store object, by a file
-        made in ``tmp/`` and removed)."""
+        made in ``tmp/`` and removed), or opened ``read_only=True``."""
+        refused = self._only_read("keep answers in")
+        if refused is not None:
+            return refused
         gone = self._gone("keep answers in")
         if gone is not None:
             return gone
@@ -544,6 +552,7 @@ class LocalFiles(PackedHome):
         from somatize.store._local_joined import StreamedJoin  # which builds on this class
 
         check_labels(codec, fingerprint)
+        self._refuse_writing("keep answers in")
         if "keep_joined" in vars(self) or type(self).keep_joined is not PackedHome.keep_joined:
             return JoinedWrite(self, codec, fingerprint)
         return StreamedJoin(self, codec, fingerprint)
@@ -729,6 +738,7 @@ class LocalFiles(PackedHome):
         Durable, the blob found and each folder above it up to the store's are synced before
         it is relied on: another process that does not sync may have written it, and the
         record published next, synced, would outlast a power cut that took the blob."""
+        self._refuse_writing("write to")  # nor touched, in a read-only store
         try:
             found = os.stat(target)
         except FileNotFoundError:
@@ -772,6 +782,7 @@ class LocalFiles(PackedHome):
         point at it, and looked for again once the name is written: a gc that removed it
         meanwhile is said, not left as a name pointing at nothing."""
         check_name(name)
+        self._refuse_writing(f"bind `{name}` in")
         blob = self._blob_file(digest)
         names = self.root / "names"
 
@@ -862,6 +873,8 @@ class LocalFiles(PackedHome):
     def _set_aside(self, path: str, section: str, label: str) -> str | None:
         """Moves a damaged file to ``quarantine/<section>/<label>.<time>``, and says where;
         None if it was gone already, OSError if it cannot be moved (a read-only store)."""
+        if self.read_only:
+            raise OSError(errno.EROFS, "the store was opened with read_only=True", path)
         aside = self.root / "quarantine" / section / f"{label}.{time.time_ns()}"
         try:
             aside.parent.mkdir(parents=True, exist_ok=True)

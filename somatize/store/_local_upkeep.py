@@ -461,7 +461,9 @@ class LocalShelf(LocalFiles):
         return now - stamped
 
     def _flush_use(self) -> None:
-        _write_uses(str(self.root), *self._take_uses())
+        taken = self._take_uses()
+        if not self.read_only:  # dropped: a time is advice, and this store sets none
+            _write_uses(str(self.root), *taken)
 
     def _written_down_at_exit(self) -> None:
         """The store is let go of at exit (a finalizer writes its uses down then), but a

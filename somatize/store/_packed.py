@@ -62,7 +62,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from types import MappingProxyType
-from typing import IO, Any, cast
+from typing import IO, Any, SupportsIndex, cast
 
 import blake3
 
@@ -71,6 +71,7 @@ from somatize.store import records
 from somatize.store._compact import Compacted, compact
 from somatize.store.base import (
     Answer,
+    BadAddress,
     Buffer,
     Corrupt,
     Missing,
@@ -516,6 +517,12 @@ class Claims(list[str]):
         """Blob → its bytes, for each blob the put found there and did not write."""
 
 
+def _read_only_store(kind: type[PackedHome]) -> PackedHome:
+    """A store opened ``read_only=True``, made empty for its pickle's state
+    (:meth:`PackedHome.__reduce_ex__`)."""
+    return cast("PackedHome", kind.__new__(kind))
+
+
 class PackedHome(Spills, Store):
     """A home of the store, less the primitives that depend on where its files are."""
 
@@ -526,6 +533,13 @@ class PackedHome(Spills, Store):
     _forgets: int = 0
     """How many times this object has let go of all it holds (:meth:`_forget_all`); 0 for
     one unpickled from a state that did not count them."""
+    read_only = False
+    """Whether the store was opened ``read_only=True``: it then writes and removes nothing,
+    refusing at once what would (see :meth:`_only_read`). Set on the object only where
+    True, so that a store keeps fewer attributes than objects share."""
+    _may_write_as = ""
+    """Who may write the store, as the error of a read-only one says it (a bucket: its
+    credentials)."""
 
     _read_so_far: tuple[str, ...] = (
         "_records",
@@ -604,6 +618,46 @@ class PackedHome(Spills, Store):
     @abc.abstractmethod
     def _where(self) -> str:
         """The store's location, as messages name it."""
+
+    def _only_read(self, doing: str) -> StoreError | None:
+        """The error for a write or a removal (``doing``: what it would do) where the store
+        was opened ``read_only=True`` or may not be written for a reason of its home's
+        (:meth:`_cannot_write`); None where it may be tried."""
+        if not self.read_only:
+            return self._cannot_write(doing)
+        return StoreError(
+            f"cannot {doing} {self._where}: the store was opened with read_only=True, so it "
+            "writes and removes nothing. Nothing was changed; it can still be read. Open it "
+            f"without read_only=True{self._may_write_as} to keep answers there"
+        )
+
+    def _open_read_only(self, read_only: bool) -> None:
+        """Takes the ``read_only=`` a store is opened with, set on the object only where
+        True."""
+        if not isinstance(read_only, bool):
+            raise BadAddress(f"read_only is True or False, got {read_only!r}")
+        if read_only:
+            self.read_only = True
+
+    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
+        # A read-only store is loaded through a function of its own: a somatize from before
+        # `read_only` has none of that name, and refuses the pickle, where it would load
+        # the store as its own and write to it.
+        reduced = super().__reduce_ex__(protocol)
+        if not self.read_only or isinstance(reduced, str):
+            return reduced
+        return (_read_only_store, (type(self),), *reduced[2:])
+
+    def _refuse_writing(self, doing: str) -> None:
+        """Raises :meth:`_only_read`'s error, where there is one."""
+        refused = self._only_read(doing)
+        if refused is not None:
+            raise refused
+
+    def _cannot_write(self, doing: str) -> StoreError | None:
+        """The error for a write (``doing``: what it would do) to a store its home never
+        writes, opened as it may be; None where it may be tried."""
+        return None
 
     @property
     def _sweeps_strays(self) -> bool:
@@ -791,7 +845,9 @@ class PackedHome(Spills, Store):
     @contextlib.contextmanager
     def _in_tmp(self, suffix: str) -> Iterator[str]:
         """A name for a file in ``tmp/`` that no other writer uses (laid out as
-        :data:`WRITE_NAME`); a gc of this object leaves the file alone until the block ends."""
+        :data:`WRITE_NAME`); a gc of this object leaves the file alone until the block ends.
+        Every write goes through one, so a read-only store refuses it here."""
+        self._refuse_writing("write to")
         name = f"{os.getpid()}-{uuid.uuid4().hex}{suffix}"
         with self._lock:
             self._writing.add(name)
@@ -1295,6 +1351,9 @@ class PackedHome(Spills, Store):
         grace: float = 60.0,
         progress: Progress | None = None,
     ) -> Collected:
+        # Refused before anything is listed, removed or written (the file that reads the
+        # store's clock).
+        self._refuse_writing("collect garbage in")
         self._refuse_unmarked("collect")
         result = collect(self, max_bytes, grace, progress)
         self._collected(grace)
@@ -1306,6 +1365,7 @@ class PackedHome(Spills, Store):
         then removes the index of each pack a newer one replaces once that one is older than
         ``grace`` seconds; a gc removes their blobs. Every row stays readable whenever it
         stops (see :mod:`somatize.store._compact`)."""
+        self._refuse_writing("compact")
         self._refuse_unmarked("compact")
         return compact(self, grace)
 
@@ -1345,6 +1405,10 @@ class PackedHome(Spills, Store):
         if not isinstance(quarantine, bool):
             raise TypeError(f"quarantine= is True or False, got {quarantine!r}")
         if quarantine:
+            # Opened read-only, asked to move files: refused. A store in an archive is
+            # checked, and says of each file it would move that it is only read.
+            if self.read_only:
+                self._refuse_writing("move damaged files aside in")
             self._refuse_unmarked("move damaged files aside in")
         return check(self, quarantine, progress)
 

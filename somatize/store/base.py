@@ -72,6 +72,9 @@ Buffer = bytes | bytearray | memoryview
 
 RECORD_VERSION = 1
 
+READ_ONLY_LOCAL = "read-only local"
+"""The ``home`` in the address of a local store opened ``read_only=True``, for the reason
+:data:`READ_ONLY_BUCKET` says."""
 READ_ONLY_BUCKET = "read-only bucket"
 """The ``home`` in the address of a bucket store opened ``read_only=True``. Not ``bucket``
 with a flag beside it: a somatize from before ``read_only`` reads the address as its
@@ -617,7 +620,7 @@ class Store(abc.ABC):
         where = address.get("root", address.get("url"))
         signer = signer_matching(signed, str(where), environ)
         home = address.get("home")
-        if home == "local":
+        if home in ("local", READ_ONLY_LOCAL):
             from somatize.store.local import LocalStore
 
             return LocalStore._reopen(address, signer)
@@ -626,7 +629,8 @@ class Store(abc.ABC):
 
             return BucketStore._reopen(address, signer)
         raise BadAddress(
-            f"a store's address names its home, `local`, `bucket` or `{READ_ONLY_BUCKET}`, "
+            f"a store's address names its home, `local`, `bucket`, `{READ_ONLY_LOCAL}` or "
+            f"`{READ_ONLY_BUCKET}`, "
             f"got {home!r}; make addresses with `store.address()`"
         )
 

@@ -50,7 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from pathlib import Path
-from typing import IO, Any, SupportsIndex, cast
+from typing import IO, Any, cast
 from urllib.parse import unquote, urlsplit
 
 from somatize import canonical
@@ -746,12 +746,6 @@ def _made_without(error: TypeError) -> bool:
     )
 
 
-def _read_only_bucket_store(kind: type[BucketStore]) -> BucketStore:
-    """A bucket store opened ``read_only=True``, made empty for its pickle's state
-    (:meth:`BucketStore.__reduce_ex__`)."""
-    return cast("BucketStore", kind.__new__(kind))
-
-
 class BucketStore(BucketShelf):
     """A store under ``url`` in a bucket; see the module docstring.
 
@@ -778,10 +772,7 @@ class BucketStore(BucketShelf):
         read_only: bool = False,
         **storage_options: Any,
     ) -> None:
-        if not isinstance(read_only, bool):
-            raise BadAddress(f"read_only is True or False, got {read_only!r}")
-        if read_only:
-            self.read_only = True
+        self._open_read_only(read_only)
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
             raise BadAddress(f"retries is a count ≥ 0 of requests made again, got {retries!r}")
         if not (finite(backoff) and backoff >= 0):
@@ -951,15 +942,6 @@ class BucketStore(BucketShelf):
             return self._holds_store(root)
         except (PermissionError, StoreError):
             return False
-
-    def __reduce_ex__(self, protocol: SupportsIndex) -> str | tuple[Any, ...]:
-        # A read-only store is loaded through a function of its own: a somatize from before
-        # `read_only` has none of that name, and refuses the pickle, where it would load
-        # the store as its own and write to it.
-        reduced = super().__reduce_ex__(protocol)
-        if not self.read_only or isinstance(reduced, str):
-            return reduced
-        return (_read_only_bucket_store, (type(self),), *reduced[2:])
 
     def _open_fs(self) -> Any:
         from fsspec.core import url_to_fs

@@ -78,6 +78,7 @@ from somatize.store.base import (
     MARKER_DATA,
     MARKER_PART,
     PASSED_OVER,
+    READ_ONLY_LOCAL,
     Answer,
     BadAddress,
     Corrupt,
@@ -114,6 +115,9 @@ behind, where it keeps times of whole seconds (FAT's tick is two)."""
 _FINE_TICK = 50_000_000
 """The same, where it keeps times finer than a second (ext4, xfs, btrfs, APFS, NTFS): they
 take them from a clock of the kernel's that moves at least every 10 ms."""
+
+_SECTIONS_MADE = ("blobs", "names", "answers", "packs", "tmp")
+"""The folders a store opened writable makes, where they are missing."""
 
 _MAPS_SHARED = 16
 """How many read-only mappings of large blobs a store keeps between reads that only
@@ -235,7 +239,9 @@ class LocalStore(LocalShelf):
     """A store in a local directory (created if missing).
 
     ``durable`` fsyncs every publish; ``signing_key`` (default ``$SOMATIZE_STORE_KEY``) signs
-    records, names and pack indexes, and refuses any that are not signed with it."""
+    records, names and pack indexes, and refuses any that are not signed with it.
+    ``read_only=True`` writes and removes nothing (no folder made, no marker, no file
+    time set), refusing at once what would; a missing directory is refused, not made."""
 
     def __init__(
         self,
@@ -243,7 +249,9 @@ class LocalStore(LocalShelf):
         *,
         durable: bool = False,
         signing_key: str | bytes | Signer | None = None,
+        read_only: bool = False,
     ) -> None:
+        self._open_read_only(read_only)
         if not isinstance(path, (str, os.PathLike)):
             none = (
                 "; to keep and recall nothing, run the graph without a store (store=None)"
@@ -283,6 +291,12 @@ class LocalStore(LocalShelf):
         if found is not None:
             where = str(self.root) if real == self.root else f"{self.root} (which is {real})"
             raise inside_a_section(where, found)
+        if self.read_only and not self.root.is_dir():
+            raise BadAddress(
+                f"cannot open a store at {self.root} with read_only=True: no directory is "
+                "there, and a read-only store makes none. Name the directory the store is "
+                "in, or open it without read_only=True to start one there"
+            )
         self.durable = durable
         self._resolved: str | None = None
         """The root, resolved the first time an address was asked for (once, not per job)."""
@@ -299,7 +313,8 @@ class LocalStore(LocalShelf):
         # What is left of an earlier store emptied by its upkeep is read as it is, its
         # folders made as a write needs them: made now, they would make a user's folder
         # that holds the same look like a store to a later gc.
-        for part in () if kind == "emptied" else ("blobs", "names", "answers", "packs", "tmp"):
+        made = () if kind == "emptied" or self.read_only else _SECTIONS_MADE
+        for part in made:
             try:
                 (self.root / part).mkdir(parents=True, exist_ok=True)
             except OSError as why:
@@ -321,7 +336,7 @@ class LocalStore(LocalShelf):
         self._answers = f"{self.root / 'answers'}{os.sep}"
         self._packs_dir = str(self.root / "packs")
         self._tmp = f"{self.root / 'tmp'}{os.sep}"
-        if kind != "marked" and kind != "emptied":
+        if kind != "marked" and kind != "emptied" and not self.read_only:
             self._mark()  # a new store, or one an earlier somatize made
         if self.durable:  # kept only where it is used: a store's few attributes stay shared
             self._synced: dict[str, tuple[int, int]] = {}
@@ -330,7 +345,8 @@ class LocalStore(LocalShelf):
         # dozen things on every recalled forward, and CPython (3.11 on) makes those calls
         # fast only on an object of fewer than 30 attributes, whose keys its class's
         # objects share (tests/test_engine.py counts them).
-        weakref.finalize(self, _write_uses, str(self.root), self._used, self._used_packs)
+        if not self.read_only:  # which sets no file's time
+            weakref.finalize(self, _write_uses, str(self.root), self._used, self._used_packs)
 
     def _mark(self) -> bool:
         """Writes the store's marker at its root, whole (written in ``tmp/``, then renamed);
@@ -378,7 +394,8 @@ class LocalStore(LocalShelf):
         super()._hold_nothing()
 
     def __repr__(self) -> str:
-        return f"Store({str(self.root)!r})"
+        read_only = ", read_only=True" if self.read_only else ""
+        return f"Store({str(self.root)!r}{read_only})"
 
     @property
     def _where(self) -> str:
@@ -393,7 +410,7 @@ class LocalStore(LocalShelf):
         if self._resolved is None:
             self._resolved = str(self.root.resolve())
         return {
-            "home": "local",
+            "home": READ_ONLY_LOCAL if self.read_only else "local",
             "root": self._resolved,
             "durable": self.durable,
             "signed": None if self.signer is None else self.signer.fingerprint,
@@ -408,7 +425,8 @@ class LocalStore(LocalShelf):
                 "a local store's address holds its directory as an absolute path (`root`) and "
                 f"`durable` as a bool, got root={root!r}, durable={durable!r}"
             )
-        store = cls(root, durable=durable, signing_key=signer)
+        read_only = address.get("home") == READ_ONLY_LOCAL
+        store = cls(root, durable=durable, signing_key=signer, read_only=read_only)
         store.signer = signer  # None means unsigned here, not the environment's key
         return store
 
