@@ -230,6 +230,22 @@ def test_a_wrapped_model_over_a_bucket_that_refused_a_write_runs_no_encoder() ->
         assert torch.equal(wrapped(held), kept) and model.encoder.calls == 1
 
 
+def test_a_wrapped_model_over_a_local_store_opened_read_only_runs_no_encoder(
+    tmp_path: Path,
+) -> None:
+    """Over a local store opened ``read_only=True``, a call the store answers is recalled,
+    and one that would compute the encoder is refused before it runs, saying so."""
+    held, other = (torch.randn(3, 6, generator=torch.Generator().manual_seed(i)) for i in range(2))
+    with torch.no_grad():
+        kept = _wrapped(Store(tmp_path))(held)
+        model = _model()
+        wrapped = _encoder_frozen(model, Store(tmp_path, read_only=True))
+        assert torch.equal(wrapped(held), kept) and model.encoder.calls == 0
+        with pytest.raises(StoreError, match=r"opened with read_only=True.*can still be read"):
+            wrapped(other)
+        assert model.encoder.calls == 0
+
+
 def test_wrapped_graph_has_one_node_per_declared_submodule(store: Store) -> None:
     """The graph is the fx segments around one node named by the submodule's path."""
     wrapped = _wrapped(store)
