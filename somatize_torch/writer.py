@@ -424,17 +424,18 @@ class Writer:
             with backlog.changed:
                 # Past the budget rather than wait for ever where the thread writes through
                 # a store lock this thread holds (a forward that code a collection ran).
-                woken = False
+                woken_after: int | None = None  # how many jobs were queued before its wake
                 while (
                     backlog.pending > 0
                     and backlog.pending + nbytes > self.pending_bytes
                     and not backlog.locked_here()
                 ):
-                    if not woken:
+                    if woken_after != backlog.submitted:
                         # The thread may be gathering what this waits for (until a flush,
                         # where linger is math.inf): it writes them now, as for a flush.
+                        # Again for rows another thread queued meanwhile, behind the wake.
                         backlog.queue.put(_WAKE)
-                        woken = True
+                        woken_after = backlog.submitted
                     backlog.changed.wait()
                 backlog.pending += nbytes
                 reserved = True

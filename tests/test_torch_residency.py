@@ -2607,6 +2607,47 @@ def test_a_submit_past_the_budget_of_a_writer_gathering_until_a_flush_has_it_wri
     writer.close()
 
 
+def test_a_submit_still_past_the_budget_after_rows_came_in_its_wait_has_them_written(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A submit waiting past ``pending_bytes``, where rows another thread submitted in its
+    wait still keep it past the budget once the rows before were written, has the thread
+    write those too, ``linger=math.inf`` as any other: it waited for ever there, the thread
+    gathering the later rows until a flush that the waiting submit kept from coming."""
+    first, later, big = (f"blake3:{digit * 64}" for digit in "abc")
+    small = 16 * 4 + writer_module.KEY_BYTES  # what a row of 16 floats counts
+    writer = Writer(store, linger=math.inf, pending_bytes=2 * small)
+    writing = threading.Event()
+    write = writer_module._Backlog.write
+    release = threading.Event()
+
+    def held(backlog: Any, groups: Any) -> None:
+        writing.set()
+        assert release.wait(timeout=60)
+        write(backlog, groups)
+
+    monkeypatch.setattr(writer_module._Backlog, "write", held)
+    try:
+        writer.submit([first], torch.full((1, 16), 1.0))
+        # Past the budget beside the first row: it waits, and has the first row written.
+        waiting = threading.Thread(
+            target=writer.submit, args=([big], torch.full((1, 64), 3.0)), daemon=True
+        )
+        waiting.start()
+        assert writing.wait(timeout=60)
+        writer.submit([later], torch.full((1, 16), 2.0))  # fits beside the first row
+    finally:
+        release.set()
+    assert _within(waiting.join) is None
+    assert not waiting.is_alive(), "the submit past the budget still waits"
+    assert _within(writer.flush) is None
+    assert writer.kept_rows == 3
+    for key, value, width in ((first, 1.0, 16), (later, 2.0, 16), (big, 3.0, 64)):
+        _, data = store.recall(key)
+        assert decode_rows([data])[0].tolist() == [value] * width
+    writer.close()
+
+
 @pytest.mark.parametrize(
     ("setting", "value"),
     [
