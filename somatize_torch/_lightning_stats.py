@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EpochStats",
     "Stage",
+    "grown",
     "log_epoch",
     "never_hit",
     "plus",
@@ -158,16 +159,30 @@ def _hit_rates(
     return [recalled / asked if asked else 0.0 for recalled, asked in summed.tolist()]
 
 
-def never_hit(trainer: pl.Trainer, records: list[EpochStats], changed: set[str]) -> str | None:
+def grown(before: dict[str, int], now: dict[str, int]) -> set[str]:
+    """The names whose count in ``now`` is not the one in ``before`` (a name new to it
+    counts as unchanged)."""
+    return {name for name, count in now.items() if before.get(name, count) != count}
+
+
+def never_hit(
+    trainer: pl.Trainer, records: list[EpochStats], changed: set[str], stale: set[str]
+) -> str | None:
     """What to warn of (:class:`~somatize_torch.lightning.NeverHits`) when the training
     epoch just ended, ``records``, recalled none of the rows of a module after an epoch
     that computed and kept them; None otherwise, and when the epochs may share no sample
     (:func:`_rows_recur`). A module in ``changed`` had its rows keyed anew since the epoch
     before ended (its weights or a setting changed): that, not its inputs, is why it
-    recalled nothing."""
+    recalled nothing. One in ``stale`` was handed rows under a version their Deferred no
+    longer holds (by persistent workers), which it recalls none of, and which its cache
+    warned of already: its misses say nothing of the inputs."""
     if not _rows_recur(trainer):
         return None
-    never = [e.module for e in records if e.rows.rows and e.rows.recalled == 0 and e.rows.computed]
+    never = [
+        e.module
+        for e in records
+        if e.rows.rows and e.rows.recalled == 0 and e.rows.computed and e.module not in stale
+    ]
     if not never:
         return None
     said = (

@@ -297,6 +297,7 @@ def _answer_outdated(self: CachedRows, x: DeferredRows) -> torch.Tensor:
         out = self._uncached(x)
     with self._tiers_lock:
         _count_batch(self, len(x), len(x), time.perf_counter() - began)
+        self.outdated_rows += len(x)
     return out
 
 

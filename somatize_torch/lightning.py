@@ -182,6 +182,7 @@ from somatize_torch._lightning_prefill import (
 from somatize_torch._lightning_stats import (
     EpochStats,
     Stage,
+    grown,
     log_epoch,
     never_hit,
     plus,
@@ -263,9 +264,10 @@ class CacheFrozen(Callback):
         self._ended: dict[str, int] = {}
         self._train_epochs = 0
         self._warned = False
-        self._keyed_anew: dict[
-            str, int
-        ] = {}  # each cache's count when the last training epoch ended
+        # Each cache's count of rows keyed anew, and of rows from an outdated Deferred,
+        # when the last training epoch ended.
+        self._keyed_anew: dict[str, int] = {}
+        self._outdated_rows: dict[str, int] = {}
         self._prefills: list[PrefillJob] = []
         self._looked = True  # whether the stage under way looked at the modules again
         # What rows are keyed and counted as: stage (None between stages), loader.
@@ -823,10 +825,12 @@ class CacheFrozen(Callback):
         log_epoch(pl_module, trainer, "train", self._last("train"))
         self._train_epochs += 1
         keyed = {name: cached.keyed_anew for name, cached in self._cached.items()}
-        changed = {n for n, count in keyed.items() if self._keyed_anew.get(n, count) != count}
-        self._keyed_anew = keyed
+        outdated = {name: cached.outdated_rows for name, cached in self._cached.items()}
+        changed = grown(self._keyed_anew, keyed)
+        stale = grown(self._outdated_rows, outdated)
+        self._keyed_anew, self._outdated_rows = keyed, outdated
         if self._train_epochs >= 2 and not self._warned:
-            never = never_hit(trainer, self._last("train"), changed)
+            never = never_hit(trainer, self._last("train"), changed, stale)
             if never is not None:
                 self._warned = True
                 warnings.warn(never, NeverHits, stacklevel=2)

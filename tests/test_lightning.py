@@ -1749,6 +1749,35 @@ def test_an_epoch_that_misses_after_a_state_change_warns_of_the_change(tmp_path:
     assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 0.0]
 
 
+def test_an_epoch_of_rows_from_an_outdated_deferred_does_not_warn_of_augmentation(
+    tmp_path: Path,
+) -> None:
+    """An epoch whose batches persistent workers hand out under a version their Deferred
+    no longer holds recalls nothing, as it must: the cache warns to make the DataLoader
+    again, and the callback does not add that the inputs differ every epoch."""
+    images, labels = data(1)
+    deferred = Deferred(images, labels, version="train@1")
+    workers = torch.utils.data.DataLoader(
+        deferred, batch_size=16, num_workers=1, persistent_workers=True
+    )
+
+    class Renamed(Probe):
+        """Gives the Deferred a new version at the second epoch's start."""
+
+        def on_train_epoch_start(self) -> None:
+            if self.current_epoch == 1:
+                deferred.version = "train@2"
+
+    callback = CacheFrozen(None, ["encoder"], key="index")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        trainer(tmp_path, 2, callbacks=[callback]).fit(Renamed(), workers)
+    assert any("DataLoader again" in str(w.message) for w in seen)
+    assert not [w for w in seen if issubclass(w.category, NeverHits)]
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 0.0]
+    assert epochs(callback, "train")[1].rows.computed == SAMPLES
+
+
 def test_no_warning_when_epochs_repeat(tmp_path: Path) -> None:
     """Clean inputs hit from epoch 2 on, and nothing warns."""
     callback = CacheFrozen(None, ["encoder"])
