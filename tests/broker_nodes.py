@@ -202,6 +202,14 @@ class Where(Node):
         return [os.getpid(), ctx.worker, ctx.key]
 
 
+class StoreSeen(Node):
+    """Answers how the store it was handed was opened where it ran: whether read-only, and
+    whether it may be written."""
+
+    def forward(self, value: Any, ctx: Any) -> list[bool]:
+        return [ctx.store.read_only, ctx.store.writable()]
+
+
 class Frames(Node):
     """Rows in, one list of word lengths per message out (seed 001's Clean)."""
 

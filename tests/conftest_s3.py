@@ -10,7 +10,10 @@ import atexit
 import json
 import logging
 import uuid
+from pathlib import Path
 from typing import Any
+
+from somatize import Store
 
 BUCKET = "somatize-tests"
 
@@ -75,3 +78,14 @@ def user(actions: list[str]) -> dict[str, Any]:
         "secret": made["SecretAccessKey"],
         "client_kwargs": {"endpoint_url": endpoint},
     }
+
+
+def writer_and_reader(home: str, folder: Path) -> tuple[Store, Store]:
+    """One store opened twice: to write, and ``read_only=True``. ``home`` is ``"bucket"``
+    (a fresh prefix on the loopback server) or ``"directory"`` (``folder``)."""
+    if home == "bucket":
+        url = s3_url()
+        return Store.on_bucket(url, **s3_options()), Store.on_bucket(
+            url, **s3_options(), read_only=True
+        )
+    return Store(folder), Store(folder, read_only=True)

@@ -31,6 +31,7 @@ from somatize import (
     NodeFailed,
     Opaque,
     Store,
+    StoreError,
     Unbuildable,
 )
 from somatize.broker import (
@@ -2305,6 +2306,48 @@ def test_a_store_with_no_address_is_kept_by_the_client() -> None:
     again: list[dict[str, Any]] = []
     assert g.forward(x, store=store, broker=_network(), watching=again.append) == [0.0, 2.0, 4.0]
     assert [f["fact"] for f in again] == ["spared", "recalled", "finished"]
+
+
+def _napping(marker: Path, placed: bool = True) -> Graph:
+    """A source here feeding a cached `nap` that touches ``marker`` when it runs, placed on
+    `w1` where ``placed``."""
+    nap = Nap(0.0, marker=str(marker)).named("nap").frozen().cached()
+    return Graph.somatize(Rows().named("rows").frozen() >> (nap.at("w1") if placed else nap))
+
+
+@pytest.mark.parametrize("mode", ["local", "network"])
+@pytest.mark.parametrize("home", ["directory", "bucket"])
+def test_a_store_opened_read_only_is_read_only_on_the_workers(
+    tmp_path: Path, mode: str, home: str
+) -> None:
+    """Over a store opened ``read_only=True``, a forward whose answers are all held is served
+    with nothing run on a worker; one with an answer missing is refused with the read-only
+    message before any worker begins, as with no broker, and nothing is kept."""
+    from tests.conftest_s3 import writer_and_reader
+
+    writer, reader = writer_and_reader(home, tmp_path / "store")
+    marker = tmp_path / "ran"
+    held, missing = {"at": 0, "take": 3}, {"at": 5, "take": 3}
+    assert _napping(marker, placed=False).forward(held, store=writer) == [0, 1, 2]
+    marker.unlink()
+    broker = Broker.embedded({"w1": Worker.generic(mode=mode)})
+    seen: list[dict[str, Any]] = []
+    g = _napping(marker)
+    assert g.forward(held, store=reader, broker=broker, watching=seen.append) == [0, 1, 2]
+    assert [(f["fact"], f.get("node")) for f in seen] == [
+        ("spared", "rows"),
+        ("recalled", "nap"),
+        ("finished", None),
+    ]
+    for asked in (None, broker):
+        seen.clear()
+        with pytest.raises(StoreError, match=r"opened with read_only=True.*can still be read"):
+            g.forward(missing, store=reader, broker=asked, watching=seen.append)
+        assert seen == []
+    assert not marker.exists()
+    seen.clear()
+    _napping(marker, placed=False).forward(missing, store=writer, watching=seen.append)
+    assert [f["fact"] for f in seen if f.get("node") == "nap"] == ["ran", "kept"]
 
 
 def test_a_worker_without_the_signing_key_leaves_the_keeping_to_the_client(

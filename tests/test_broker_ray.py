@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import torch
 
-from somatize import CodecError, Graph, NodeFailed, Opaque, Store, Unbuildable
+from somatize import CodecError, Graph, NodeFailed, Opaque, Store, StoreError, Unbuildable
 from somatize.broker import (
     BadWorker,
     Broker,
@@ -51,6 +51,7 @@ from tests.broker_nodes import (
     Seeded,
     SlowToBuild,
     Stepper,
+    StoreSeen,
     Where,
     napping,
     weighted,
@@ -534,6 +535,33 @@ def test_a_worker_keeps_into_a_bucket_and_a_fresh_client_recalls(
     fresh = Store.on_bucket(url, **s3_options())
     assert other.forward(x, store=fresh, broker=broker, watching=facts.append) == [0.0, 2.0, 4.0]
     assert [f["fact"] for f in facts] == ["spared", "recalled", "finished"]
+    assert rows.calls == 0
+
+
+@pytest.mark.parametrize("home", ["directory", "bucket"])
+def test_a_store_opened_read_only_is_read_only_on_the_actors(
+    broker: Any, tmp_path: Path, home: str
+) -> None:
+    """An actor opens a store opened ``read_only=True`` read-only from its address. Over it a
+    forward whose answers are all held is served, nothing run; one with an answer missing is
+    refused with the read-only message before anything runs, as with no broker."""
+    from tests.conftest_s3 import writer_and_reader
+
+    writer, reader = writer_and_reader(home, tmp_path / "store")
+    seen_there = Graph.somatize(Rows().named("rows") >> StoreSeen().named("seen").at("w1"))
+    x = {"at": 0, "take": 3}
+    assert seen_there.forward(x, store=writer, broker=broker) == [False, True]
+    assert seen_there.forward(x, store=reader, broker=broker) == [True, False]
+    g, rows = _scaled()
+    assert g.forward(x, store=writer) == [0.0, 2.0, 4.0]
+    g, rows = _scaled()
+    facts: list[dict[str, Any]] = []
+    assert g.forward(x, store=reader, broker=broker, watching=facts.append) == [0.0, 2.0, 4.0]
+    assert [f["fact"] for f in facts] == ["spared", "recalled", "finished"]
+    facts.clear()
+    with pytest.raises(StoreError, match=r"opened with read_only=True.*can still be read"):
+        g.forward({"at": 5, "take": 3}, store=reader, broker=broker, watching=facts.append)
+    assert facts == []
     assert rows.calls == 0
 
 
