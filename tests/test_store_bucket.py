@@ -1016,12 +1016,10 @@ def test_a_read_only_bucket_serves_a_mapped_node_reading_a_computed_list() -> No
     assert square.calls == [[0, 1, 2, 3]]
 
 
-def test_a_store_served_over_http_says_a_missing_blob_without_naming_a_bucket(
-    tmp_path: Path,
-) -> None:
-    """A store read from a web server (``http://host/store``, opened ``read_only=True``) is
-    read as any other; a blob it lacks is Missing, said as not there, never as a bucket
-    ``http:`` that does not exist: a web server's paths hold no bucket."""
+@contextlib.contextmanager
+def _served_over_http(folder: Path) -> Any:
+    """The URL of ``folder`` served by a plain web server (``python -m http.server``), which
+    answers reads and takes no writes (a PUT is 501)."""
     import functools
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
@@ -1029,21 +1027,50 @@ def test_a_store_served_over_http_says_a_missing_blob_without_naming_a_bucket(
         def log_message(self, *args: Any) -> None:
             pass
 
-    local = Store(tmp_path)
-    kept = local.put(b"served")
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=tmp_path))
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=folder))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        store = Store.on_bucket(
-            f"http://127.0.0.1:{server.server_address[1]}", read_only=True, retries=0
-        )
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_store_served_over_http_says_a_missing_blob_without_naming_a_bucket(
+    tmp_path: Path,
+) -> None:
+    """A store read from a web server (``http://host/store``, opened ``read_only=True``) is
+    read as any other; a blob it lacks is Missing, said as not there, never as a bucket
+    ``http:`` that does not exist: a web server's paths hold no bucket."""
+    local = Store(tmp_path)
+    kept = local.put(b"served")
+    with _served_over_http(tmp_path) as url:
+        store = Store.on_bucket(url, read_only=True, retries=0)
         assert bytes(store.get(kept)) == b"served"
         with pytest.raises(Missing) as missing:
             store.get(key_of_bytes(b"never put"))
         assert "bucket" not in str(missing.value)
-    finally:
-        server.shutdown()
-        server.server_close()
+
+
+def test_a_store_on_a_web_server_taking_no_writes_says_so_and_holds_it(tmp_path: Path) -> None:
+    """A store on a web server that takes no writes (a PUT answered 501), opened without
+    ``read_only``: the first forward that would keep an answer raises a StoreError saying
+    the server takes no writes and to open it read_only=True; the store object holds that,
+    so a later forward is refused before any node runs, and it still recalls."""
+    square = Square().named("square").frozen().mapped().cached()
+    g = Graph.somatize(Rows().named("rows").frozen() >> square)
+    assert g.forward({"at": 0, "take": 2}, store=Store(tmp_path)) == [0, 1]
+    with _served_over_http(tmp_path) as url:
+        store = Store.on_bucket(url, retries=0)
+        with pytest.raises(StoreError, match="server takes no writes") as refused:
+            g.forward({"at": 0, "take": 3}, store=store)
+        assert "read_only=True" in str(refused.value)
+        assert square.calls == [[0, 1], [0, 1, 2]]
+        assert store.writable() is False
+        with pytest.raises(StoreError, match="server takes no writes"):
+            g.forward({"at": 0, "take": 4}, store=store)
+        assert square.calls == [[0, 1], [0, 1, 2]]
+        assert g.forward({"at": 0, "take": 2}, store=store) == [0, 1]
 
 
 def test_a_read_only_bucket_stays_read_only_in_another_process() -> None:

@@ -157,6 +157,22 @@ def _denied(error: BaseException) -> PermissionError | None:
     return denied if code is None or code in _DENIED else None
 
 
+_NO_WRITES = {405, 501}
+"""The HTTP statuses a web server answers a write with where it takes none: method not
+allowed, not implemented (a plain file server, ``python -m http.server``, answers a PUT
+so). Asking again, with any credentials, will not change it."""
+
+
+def _takes_no_writes(error: BaseException) -> str | None:
+    """What a web server said refusing a write with one of :data:`_NO_WRITES` (aiohttp's
+    ``ClientResponseError``, as fsspec's http filesystem raises it); None for any other
+    failure."""
+    status = getattr(error, "status", None)
+    if not type(error).__module__.startswith("aiohttp") or status not in _NO_WRITES:
+        return None
+    return f"{status} {getattr(error, 'message', '')}".strip()
+
+
 def _no_credentials(error: BaseException) -> bool:
     """Whether ``error`` says no credentials were found (botocore's ``NoCredentialsError``,
     google-auth's ``DefaultCredentialsError``, …): asking again will not find them."""
@@ -316,6 +332,9 @@ class BucketNotes:
     what it could not keep (see :meth:`BucketRequests._refused_keeping`); None while no
     write was refused so. Never cleared by a later write, as of a ``used/`` log that a
     policy may let readers write."""
+    refused_by_server: bool = False
+    """Whether :attr:`refused` was said by a web server that takes no writes at all (see
+    :func:`_takes_no_writes`), not by a bucket of these credentials."""
     damaged: set[str] = dataclasses.field(default_factory=set)
     """The blobs this store object found damaged: a put of one writes it afresh, not
     trusting the object of the right size there (which a move aside may have left)."""
@@ -387,7 +406,7 @@ class BucketRequests(PackedHome):
         # own (the worker's role, its environment): it finds out for itself whether the
         # bucket refuses it writes.
         state = super().__getstate__()
-        state["_noted"] = dataclasses.replace(self._noted, refused=None)
+        state["_noted"] = dataclasses.replace(self._noted, refused=None, refused_by_server=False)
         # Nor does it carry the filesystem, which it opens from its options: fsspec hands
         # one filesystem to all who open it with the same options, so the store's may be
         # one made with the credentials as plain text, which its pickle would hold.
@@ -563,7 +582,15 @@ class BucketRequests(PackedHome):
 
     def _read_only(self, doing: str, refused: str) -> StoreError:
         """The error for a write (``doing``: what it would do) to a bucket that refused a
-        write for want of permission (``refused``: which, and what it said)."""
+        write for want of permission, or a web server that takes none (``refused``: which,
+        and what it said)."""
+        if self._noted.refused_by_server:
+            return StoreError(
+                f"cannot {doing} {self.url}: the server takes no writes ({refused}), so the "
+                "store is read-only there. Nothing was changed; it can still be read. Open "
+                "it with read_only=True, which refuses a forward that would keep an answer "
+                "before it computes one, or keep answers in a store this process may write"
+            )
         return StoreError(
             f"cannot {doing} {self.url}: the bucket refused writes with these credentials "
             f"({refused}), so the store is read-only for them. Nothing was "
@@ -656,10 +683,15 @@ class BucketRequests(PackedHome):
                 if bucket is not None:
                     raise self._no_bucket(bucket) from why
                 raise StoreError(f"writing {target} on {self.url} failed: {why}") from why
+            where = target[len(self.root) + 1 :]
+            said = _takes_no_writes(why)
+            if said is not None:  # of any file alike: the server takes none
+                self._noted.refused = f"writing {where}: {said}"
+                self._noted.refused_by_server = True
+                raise self._read_only("write to", self._noted.refused) from why
             denied = _denied(why)
             if denied is None:
                 raise
-            where = target[len(self.root) + 1 :]
             refused = f"writing {where}: {denied}"
             # A `used/` log is advice, and a name is bound by hand (by whoever publishes
             # names): a policy may refuse either alone. Any other file refused means
