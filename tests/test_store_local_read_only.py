@@ -9,6 +9,7 @@ import gc
 import os
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -81,16 +82,22 @@ def test_a_read_only_local_store_recalls_and_refuses_every_write(tmp_path: Path)
     assert _tree(root) == before
 
 
-def test_a_read_only_local_store_makes_no_folder(tmp_path: Path) -> None:
-    """A missing folder is refused, not made; an empty one is read as an empty store,
-    left empty: no folders made in it, no marker written."""
+def _opened_on_bucket(folder: Path, read_only: bool) -> Store:
+    return Store.on_bucket(folder.as_uri(), read_only=read_only)
+
+
+@pytest.mark.parametrize("opened", [Store, _opened_on_bucket], ids=["local", "file-url"])
+def test_a_read_only_local_store_makes_no_folder(tmp_path: Path, opened: Any) -> None:
+    """A missing folder is refused, not made, whether opened as a local store or by its
+    ``file://`` URL: a read-only store at no store is a mistyped path. An empty one is read
+    as an empty store, left empty: no folders made in it, no marker written."""
     missing = tmp_path / "missing"
     with pytest.raises(BadAddress, match=r"no directory is there.*without read_only=True"):
-        Store(missing, read_only=True)
+        opened(missing, read_only=True)
     assert not missing.exists()
     empty = tmp_path / "empty"
     empty.mkdir()
-    store = Store(empty, read_only=True)
+    store = opened(empty, read_only=True)
     assert store.answer(KEY) is None
     store.close()
     assert list(empty.iterdir()) == []

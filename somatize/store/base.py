@@ -431,6 +431,16 @@ def unmarked(
     )
 
 
+def no_directory_to_read(where: str) -> BadAddress:
+    """The refusal of a store opened ``read_only=True`` at ``where``, where no directory is:
+    a read-only store makes none, and an empty store there would hide a mistyped path."""
+    return BadAddress(
+        f"cannot open a store at {where} with read_only=True: no directory is there, and a "
+        "read-only store makes none. Name the directory the store is in, or open it "
+        "without read_only=True to start one there"
+    )
+
+
 _KEPT_IN = {
     "names": "its names: it would read this store's files as names of its own, and its "
     "verify report them as damaged",

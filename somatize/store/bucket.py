@@ -77,6 +77,7 @@ from somatize.store.base import (
     keys_of,
     names_above,
     nested,
+    no_directory_to_read,
     section_above,
     spelled_otherwise,
     unbacked,
@@ -876,6 +877,8 @@ class BucketStore(BucketShelf):
         if found is not None:
             raise inside_a_section(url, (self.fs.unstrip_protocol(found[0]), found[1]))
         if not self._atomic:  # writes go through tmp/, which a fresh directory lacks
+            if self.read_only and not self._call(f"looking for {url}", self.fs.isdir, self.root):
+                raise no_directory_to_read(url)
             # Looked at again where it is no fresh folder: what made it none may be a store
             # that another process opening it at once (a worker, a rank) made since.
             if self._store_kind() is None and not self._fresh() and self._store_kind() is None:

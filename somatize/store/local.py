@@ -89,6 +89,7 @@ from somatize.store.base import (
     check_name,
     inside_a_section,
     keys_of,
+    no_directory_to_read,
     section_above,
     store_kind,
     unmarked,
@@ -292,11 +293,7 @@ class LocalStore(LocalShelf):
             where = str(self.root) if real == self.root else f"{self.root} (which is {real})"
             raise inside_a_section(where, found)
         if self.read_only and not self.root.is_dir():
-            raise BadAddress(
-                f"cannot open a store at {self.root} with read_only=True: no directory is "
-                "there, and a read-only store makes none. Name the directory the store is "
-                "in, or open it without read_only=True to start one there"
-            )
+            raise no_directory_to_read(str(self.root))
         self.durable = durable
         self._resolved: str | None = None
         """The root, resolved the first time an address was asked for (once, not per job)."""
