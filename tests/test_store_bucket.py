@@ -1083,6 +1083,8 @@ def test_a_read_only_bucket_stays_read_only_in_another_process() -> None:
     assert pickle.loads(pickle.dumps(store)).writable() is False
     assert copy.deepcopy(store).writable() is False
     plain = Store.on_bucket(store.url, **s3_options())
+    assert repr(store) == f"Store.on_bucket({store.url!r}, read_only=True)"
+    assert repr(plain) == f"Store.on_bucket({store.url!r})"
     assert (plain.address() or {})["home"] == "bucket"
     assert Store.from_address(plain.address() or {}).writable() is True
     assert pickle.loads(pickle.dumps(plain)).writable() is True

@@ -120,6 +120,8 @@ def test_a_read_only_local_store_stays_read_only_in_another_process(tmp_path: Pa
     with pytest.raises(StoreError, match=REFUSED):
         copied.put(b"refused")
     plain = Store(root)
+    assert repr(store) == f"Store({str(root)!r}, read_only=True)"
+    assert repr(plain) == f"Store({str(root)!r})"
     assert plain.address()["home"] == "local"
     assert Store.from_address(plain.address()).writable() is True
     assert pickle.loads(pickle.dumps(plain)).writable() is True

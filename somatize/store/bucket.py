@@ -906,7 +906,8 @@ class BucketStore(BucketShelf):
         super()._hold_nothing()
 
     def __repr__(self) -> str:
-        return f"Store.on_bucket({self._where!r})"
+        read_only = ", read_only=True" if self.read_only else ""
+        return f"Store.on_bucket({self._where!r}{read_only})"
 
     def __getstate__(self) -> dict[str, Any]:
         # A password in the URL (`ftp://user:password@host/…`) is a credential: a plain
