@@ -137,6 +137,10 @@ def test_a_read_only_local_store_is_refused_by_a_somatize_without_read_only(
     plain = pickle.dumps(Store(root))
     address = Store(root, read_only=True).address()
     assert address["home"] not in _HOMES_BEFORE_READ_ONLY
+    flagged = {**address, "home": "local", "read_only": True}  # as a user may write it
+    assert Store.from_address(flagged).writable() is False
+    with pytest.raises(BadAddress, match="`read_only` as a bool"):
+        Store.from_address({**flagged, "read_only": "yes"})
     noted = _Names(plain)
     noted.load()
     with pytest.raises(AttributeError, match="read_only"):

@@ -417,12 +417,21 @@ class LocalStore(LocalShelf):
     def _reopen(cls, address: Mapping[str, Any], signer: Signer | None) -> LocalStore:
         """The store at ``address`` (a local one), signing with ``signer`` (None: unsigned)."""
         root, durable = address.get("root"), address.get("durable", False)
-        if not isinstance(root, str) or not os.path.isabs(root) or not isinstance(durable, bool):
+        # Read-only by its home; a flag beside `local` (an address written by hand, as a
+        # bucket's once was) is honoured too, never dropped to open the store to write.
+        flagged = address.get("read_only", False)
+        if (
+            not isinstance(root, str)
+            or not os.path.isabs(root)
+            or not isinstance(durable, bool)
+            or not isinstance(flagged, bool)
+        ):
             raise BadAddress(
-                "a local store's address holds its directory as an absolute path (`root`) and "
-                f"`durable` as a bool, got root={root!r}, durable={durable!r}"
+                "a local store's address holds its directory as an absolute path (`root`), "
+                "`durable` as a bool and, where it is given, `read_only` as a bool; got "
+                f"root={root!r}, durable={durable!r}, read_only={flagged!r}"
             )
-        read_only = address.get("home") == READ_ONLY_LOCAL
+        read_only = flagged or address.get("home") == READ_ONLY_LOCAL
         store = cls(root, durable=durable, signing_key=signer, read_only=read_only)
         store.signer = signer  # None means unsigned here, not the environment's key
         return store
