@@ -475,7 +475,7 @@ def test_a_rebound_dataset_name_is_refused_on_ray(broker: Any, store: Store) -> 
     _numbers_in(store, 30)
     seen: list[dict[str, Any]] = []
     with pytest.raises(StateMismatch, match=r"`data` on worker `w1`: `numbers` is bound to "
-                       r"blake3:\w+ in the store at .*rebound"):  # fmt: skip
+                       r"blake3:\w+ in Store\(.*\), and .*rebound"):  # fmt: skip
         g.forward({"at": 0, "take": 64}, store=store, broker=broker, watching=seen.append)
     assert not [f for f in seen if f["fact"] in ("ran", "kept")]
 

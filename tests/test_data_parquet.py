@@ -44,6 +44,7 @@ from somatize.store import Corrupt
 from tests.arrow_types import PickledObjects
 from tests.forked import answer_of, cut_short_when_hashed, forked, in_forked_child, needs_fork
 from tests.nodes import Total, matmul_in_tf32
+from tests.web_server import served_over_http
 
 
 class CountingFile(io.RawIOBase):
@@ -1461,7 +1462,7 @@ def test_a_name_rebound_after_settling_is_refused_on_a_worker(tmp_path: Path, st
     x = {"at": 0, "take": 64}
     broker = _network()
     seen: list[dict[str, Any]] = []
-    refused = rf"`data` on worker `w1`: `numbers` is bound to {new} in the store at .*, and the "
+    refused = rf"`data` on worker `w1`: `numbers` is bound to {new} in Store\(.*\), and the "
     refused += rf"graph is settled at {old}.*rebound.*Nothing ran.*somatize\.data\.settle\(g\)"
     with pytest.raises(StateMismatch, match=refused):
         g.forward(x, store=store, broker=broker, watching=seen.append)
@@ -1586,6 +1587,21 @@ def test_a_store_no_worker_can_open_is_refused_before_anything_runs() -> None:
     assert seen == [] and count.calls == 0
     local = Broker.embedded({"w1": Worker.generic(mode="local")})
     assert g.forward({"at": 0, "take": 5}, broker=local) == 5
+
+
+def test_a_rebound_name_refused_on_a_worker_masks_the_store_s_password(
+    tmp_path: Path, store: Store
+) -> None:
+    """The refusal of a source whose name was rebound names the store it read, a password
+    in its URL (``http://user:password@host/…``) masked, as the store's repr masks it."""
+    bound(store, numbers(10), "numbers")
+    with served_over_http(tmp_path / "store") as url:
+        served = Store.on_bucket(url.replace("://", "://user:a-password@"), read_only=True)
+        source = Parquet(served, "numbers")
+        with pytest.raises(StateMismatch, match=r"rebound") as refused:
+            source.load_state(memoryview(b"blake3:" + b"0" * 64))
+    assert "a-password" not in str(refused.value)
+    assert "user:***@127.0.0.1" in str(refused.value)
 
 
 def test_a_parquet_dir_crosses_by_its_absolute_path(

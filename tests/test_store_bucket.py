@@ -41,6 +41,7 @@ from somatize.store.records import encode_record
 from tests.conftest_s3 import READS, s3_options, s3_url, user
 from tests.forked import in_forked_child
 from tests.nodes import Largest, Rows, Scale, Square
+from tests.web_server import served_over_http
 
 
 def key_of(label: str) -> str:
@@ -1016,26 +1017,6 @@ def test_a_read_only_bucket_serves_a_mapped_node_reading_a_computed_list() -> No
     assert square.calls == [[0, 1, 2, 3]]
 
 
-@contextlib.contextmanager
-def _served_over_http(folder: Path) -> Any:
-    """The URL of ``folder`` served by a plain web server (``python -m http.server``), which
-    answers reads and takes no writes (a PUT is 501)."""
-    import functools
-    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-
-    class Quiet(SimpleHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=folder))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_a_store_served_over_http_says_a_missing_blob_without_naming_a_bucket(
     tmp_path: Path,
 ) -> None:
@@ -1044,7 +1025,7 @@ def test_a_store_served_over_http_says_a_missing_blob_without_naming_a_bucket(
     ``http:`` that does not exist: a web server's paths hold no bucket."""
     local = Store(tmp_path)
     kept = local.put(b"served")
-    with _served_over_http(tmp_path) as url:
+    with served_over_http(tmp_path) as url:
         store = Store.on_bucket(url, read_only=True, retries=0)
         assert bytes(store.get(kept)) == b"served"
         with pytest.raises(Missing) as missing:
@@ -1060,7 +1041,7 @@ def test_a_store_on_a_web_server_taking_no_writes_says_so_and_holds_it(tmp_path:
     square = Square().named("square").frozen().mapped().cached()
     g = Graph.somatize(Rows().named("rows").frozen() >> square)
     assert g.forward({"at": 0, "take": 2}, store=Store(tmp_path)) == [0, 1]
-    with _served_over_http(tmp_path) as url:
+    with served_over_http(tmp_path) as url:
         store = Store.on_bucket(url, retries=0)
         with pytest.raises(StoreError, match="server takes no writes") as refused:
             g.forward({"at": 0, "take": 3}, store=store)

@@ -230,10 +230,9 @@ class Parquet(_Versioned):
         return f"{maker}.reopened", (address, *args), dict(kwargs)
 
     def _moved(self, sent: str) -> str:
-        address = self.store.address() or {}
-        where = address.get("root", address.get("url", type(self.store).__name__))
+        # The store as its repr names it: a password in a bucket's URL masked.
         return (
-            f"`{self.dataset}` is bound to {self.version} in the store at {where}, and the "
+            f"`{self.dataset}` is bound to {self.version} in {self.store}, and the "
             f"graph is settled at {sent}, the version the source was built at: the name was "
             "rebound to other bytes since, so reading it here would answer from a version the "
             "key does not name. Nothing ran and nothing was kept. Build the source again "
