@@ -714,7 +714,7 @@ class _Run:
         if recalled:  # said before the rest run: read is read, whether or not they fail
             self.emit({"fact": "recalled", "node": node, "items": recalled, "of": count})
         if missing:
-            if keyed:
+            if keyed and node in static.late:  # the others were asked before any node ran
                 self.refuse_keeping({node})
             called, alike = _first_of_each(missing, items)
             sub = [[value[i] for i in called] for value in inputs]

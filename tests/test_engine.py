@@ -658,6 +658,35 @@ def test_drift_of_some_recalled_items_is_a_fact_and_a_warning(store: Store) -> N
     assert square.calls == [[1, 2], [3], [1, 2, 4]]
 
 
+def test_a_forward_asks_once_whether_the_store_may_keep_what_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forward asks the store whether it may keep an answer (a look at its directory)
+    once, before any node runs, when a mapped node reading the graph's input runs some
+    of its items: the mapped node is not asked again as it runs. One reading a computed
+    list, keyed only once that list is there, is asked then, once."""
+    asked: list[str] = []
+    refused_keeping = LocalStore._refused_keeping
+
+    def counted(self: LocalStore) -> Any:
+        asked.append("asked")
+        return refused_keeping(self)
+
+    monkeypatch.setattr(LocalStore, "_refused_keeping", counted)
+    store = Store(tmp_path / "store")
+    square = Square().named("square").frozen().mapped().cached()
+    over_input = Graph.somatize(square)
+    late = Square().named("late").frozen().mapped().cached()
+    over_computed = Graph.somatize(Rows().named("rows").frozen() >> late)
+    for g, given in ((over_input, [1, 2]), (over_computed, {"at": 0, "take": 2})):
+        asked.clear()
+        g.forward(given, store=store)
+        assert asked == ["asked"]
+    asked.clear()
+    assert over_input.forward([1, 2, 3], store=store) == [1, 4, 9]
+    assert asked == ["asked"] and square.calls == [[1, 2], [3]]
+
+
 def test_strict_says_a_mapped_nodes_drifted_items_in_one_fact(store: Store) -> None:
     """A mapped node whose items were kept by another version of its code, run with
     `strict=True`, says so in one `drifted` fact saying `recomputed` and how many items of
