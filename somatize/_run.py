@@ -715,7 +715,8 @@ class _Run:
             self.emit({"fact": "recalled", "node": node, "items": recalled, "of": count})
         if missing:
             if keyed and node in static.late:  # the others were asked before any node ran
-                self.refuse_keeping({node})
+                with self._keeping(node):  # said `failed`, as a keep the store refuses is
+                    self.refuse_keeping({node})
             called, alike = _first_of_each(missing, items)
             sub = [[value[i] for i in called] for value in inputs]
             ctx.keys = [items[i] for i in called] if items is not None else None

@@ -15,7 +15,7 @@ import pytest
 
 from somatize import Graph, Store
 from somatize.store import BadAddress, Corrupt, LocalStore, StoreError
-from tests.nodes import Largest, Scale
+from tests.nodes import Largest, Rows, Scale, Square
 from tests.test_store_bucket import _HOMES_BEFORE_READ_ONLY, _BeforeReadOnly, _Names
 
 KEY = "blake3:" + "ab" * 32
@@ -177,3 +177,27 @@ def test_a_read_only_local_store_holds_fewer_attributes_than_objects_share(
         g.forward([1.0, 3.0], store=store)
     store.close()
     assert len(vars(store)) < 30, sorted(vars(store))
+
+
+def test_a_read_only_local_store_refusing_a_mapped_node_says_it_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mapped node reading a computed list, some of whose items a read-only store lacks,
+    is refused before it runs; what the forward says (to ``watching=`` and its record)
+    ends with that node refused, as a keep the store refuses ends, not with its items
+    read as if the rest were to follow."""
+    root = tmp_path / "store"
+    square = Square().named("square").frozen().mapped().cached()
+    g = Graph.somatize(Rows().named("rows").frozen() >> square)
+    span = {"at": 0, "take": 4}
+    assert g.forward(span, store=Store(root)) == [0, 1, 4, 9]
+    store = Store(root, read_only=True)
+    held = store.have
+    # One item fewer than were kept: as a store another process collected one from.
+    monkeypatch.setattr(store, "have", lambda keys: set(sorted(held(keys))[1:]))
+    seen: list[dict[str, object]] = []
+    with pytest.raises(StoreError, match=REFUSED):
+        g.forward(span, store=store, watching=seen.append)
+    assert square.calls == [[0, 1, 2, 3]]
+    assert seen[-1] == {"fact": "failed", "node": "square", "error": "refused"}
+    assert g.record.facts[-1] == seen[-1]
