@@ -13,7 +13,9 @@
 an empty one is refused; a URL (``s3://…``) opens a bucket store. A directory (a path,
 or a ``file://`` or ``local://`` URL) must hold a store already, and a bucket must
 exist: one that does not is refused (status 2), and nothing is created; so is
-``memory://``, which no other process can see. Sizes are printed and read in human units
+``memory://``, which no other process can see. ``ls``, ``du``, ``show`` and ``verify``
+open the store read-only, writing nothing there; ``gc``, ``compact`` and ``verify
+--quarantine`` open it to write. Sizes are printed and read in human units
 (``10G``, ``512M``). Long operations show a progress bar when tqdm is installed and the
 output is a terminal. Exit status: 0 when all is well, 1 when ``verify`` found damage, 2
 on a usage or store error (a closed output, ``>&-``, too), and 141 (quietly) when the
@@ -179,7 +181,15 @@ def _say_held_for_names(done: Collected, out: TextIO) -> None:
         )
 
 
-def _open(where: str, command: str) -> LocalStore | BucketStore:
+def _writes(args: argparse.Namespace) -> bool:
+    """Whether the command ``args`` name changes the store: gc, compact and ``verify
+    --quarantine`` do; the others only read it, so they open it ``read_only=True``, which
+    makes no folder and no marker in it (a store on a read-only disk, or one shared with
+    others, is read as it lies)."""
+    return args.command in ("gc", "compact") or (args.command == "verify" and args.quarantine)
+
+
+def _open(where: str, command: str, *, read_only: bool) -> LocalStore | BucketStore:
     """The store at ``where``; a directory (a path, or a ``file://`` or ``local://`` URL)
     must hold one already (``blobs/``, and ``answers/``, ``packs/`` or ``names/``: a store
     made through a ``file://`` bucket that holds only names has no ``answers/``; or, once
@@ -187,7 +197,8 @@ def _open(where: str, command: str) -> LocalStore | BucketStore:
     must a bucket's prefix, in a bucket that exists, since every command reads a store and
     a mistyped path should not become an empty store reported healthy (nor a gc remove a
     user's files). A ``memory://`` store lives in one process, so
-    a command line never finds one there."""
+    a command line never finds one there. ``read_only``: it is opened so, and nothing is
+    written to it."""
     if not where:
         raise StoreError(
             "--store names no directory (it is empty): name the store's directory, or `.` "
@@ -201,7 +212,7 @@ def _open(where: str, command: str) -> LocalStore | BucketStore:
             "bucket with --store or $SOMATIZE_STORE"
         )
     if not protocols & {"file", "local"}:
-        bucket = BucketStore(where)
+        bucket = BucketStore(where, read_only=read_only)
         missing = bucket._missing_bucket()
         if missing is not None:
             raise StoreError(
@@ -239,7 +250,9 @@ def _open(where: str, command: str) -> LocalStore | BucketStore:
             "$SOMATIZE_STORE; a store is made by the program that first keeps an answer in it "
             "(`Store(path)`)"
         )
-    return BucketStore(where) if "://" in where else LocalStore(root)
+    if "://" in where:
+        return BucketStore(where, read_only=read_only)
+    return LocalStore(root, read_only=read_only)
 
 
 def _when(seconds: float, shape: str = "%Y-%m-%d %H:%M") -> str:
@@ -566,7 +579,7 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
     """Runs the command ``args`` name; its exit status."""
     store: LocalStore | BucketStore | None = None
     try:
-        store = _open(args.store, args.command)
+        store = _open(args.store, args.command, read_only=not _writes(args))
         if args.command == "ls":
             _ls(store, out)
         elif args.command == "du":

@@ -1037,3 +1037,53 @@ def test_a_file_url_with_percent_escapes_names_the_store_it_encodes(
     assert "blake3:" + "ab" * 32 in capsys.readouterr().out
     assert main(["store", "ls", "--store", f"file://{tmp_path}/a::b"]) == 2
     assert "holds `::`" in capsys.readouterr().err
+
+
+def _as_it_lies(root: Path) -> dict[str, int]:
+    """Each file and folder under ``root`` (and ``root`` itself) → its time: a folder made
+    or a file written in a folder changes the folder's time."""
+    found = {".": root.stat().st_mtime_ns}
+    for path in root.rglob("*"):
+        found[str(path.relative_to(root))] = path.lstat().st_mtime_ns
+    return found
+
+
+@pytest.mark.parametrize("url", [False, True])
+@pytest.mark.parametrize(
+    "command", [["ls"], ["du"], ["verify"], ["show", KEY], ["show", "sms/train"]]
+)
+def test_a_command_that_only_reads_writes_nothing_in_the_store(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str], url: bool
+) -> None:
+    """ls, du, show and verify (without --quarantine) open the store read-only: one an
+    earlier somatize made (no marker, no tmp/ nor packs/) is read as it lies, gaining no
+    marker and no folder, and what they print is what they print of a marked store."""
+    store = _store(tmp_path)
+    root = store.root
+    store.close()
+    where = f"file://{root}" if url else str(root)
+    assert main(["store", *command, "--store", where]) == 0
+    printed = capsys.readouterr().out
+    (root / "somatize-store").unlink()
+    shutil.rmtree(root / "tmp")
+    shutil.rmtree(root / "packs")
+    before = _as_it_lies(root)
+    assert main(["store", *command, "--store", where]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out == printed
+    assert _as_it_lies(root) == before
+
+
+@pytest.mark.parametrize(
+    "command", [["gc", "--grace", "0"], ["compact"], ["verify", "--quarantine"]]
+)
+def test_a_command_that_changes_the_store_marks_one_an_earlier_somatize_made(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """gc, compact and verify --quarantine open the store to write it: one an earlier
+    somatize made is marked as any writer marks it."""
+    store = _store(tmp_path)
+    root = store.root
+    store.close()
+    (root / "somatize-store").unlink()
+    assert main(["store", *command, "--store", str(root)]) == 0, capsys.readouterr().err
+    assert (root / "somatize-store").is_file()
