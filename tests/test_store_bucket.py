@@ -1054,6 +1054,22 @@ def test_a_store_on_a_web_server_taking_no_writes_says_so_and_holds_it(tmp_path:
         assert g.forward({"at": 0, "take": 2}, store=store) == [0, 1]
 
 
+def test_a_large_blob_on_a_web_server_taking_no_writes_is_refused_as_a_small_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A blob too large to upload in one piece elsewhere, put in a store on a web server
+    that takes no writes (its marker there, so the blob is the first write): it raised a
+    bare NotImplementedError, fsspec opening no web file to write, and the store stayed
+    writable. It is sent in one request, refused as a small one is, and held so."""
+    monkeypatch.setattr("somatize.store._bucket_requests._STREAM_ABOVE", 1000)
+    Store(tmp_path).put(b"small")
+    with served_over_http(tmp_path) as url:
+        store = Store.on_bucket(url, retries=0)
+        with pytest.raises(StoreError, match=r"server takes no writes.*read_only=True"):
+            store.put(b"x" * 5000)
+        assert store.writable() is False
+
+
 def test_a_read_only_bucket_stays_read_only_in_another_process() -> None:
     """``read_only`` travels with the store: in its address, which another process opens it
     from, and in its pickle; a store opened without it is not read-only."""

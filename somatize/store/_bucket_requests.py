@@ -419,6 +419,13 @@ class BucketRequests(PackedHome):
         plain filesystem), a write goes through ``tmp/`` and a rename."""
         return not self._protocols & {"file", "local"}
 
+    @property
+    def _streams(self) -> bool:
+        """Whether a large file is uploaded piece by piece (:meth:`_stream`); not to a web
+        server (``http://host/store``), whose files fsspec opens only to read: one request
+        of the whole file writes it there, or is refused as any other write is."""
+        return not self._protocols & {"http", "https"}
+
     def _open_fs(self) -> Any:
         """The filesystem of the store's URL, opened as :attr:`fs` was."""
         raise NotImplementedError
@@ -665,7 +672,7 @@ class BucketRequests(PackedHome):
         size = nbytes(pieces)
 
         def upload() -> None:
-            if size <= _STREAM_ABOVE:
+            if size <= _STREAM_ABOVE or not self._streams:
                 self.fs.pipe_file(path, b"".join(pieces))
             else:
                 self._stream(path, pieces, size)
