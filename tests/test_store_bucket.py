@@ -1070,6 +1070,18 @@ def test_a_large_blob_on_a_web_server_taking_no_writes_is_refused_as_a_small_one
         assert store.writable() is False
 
 
+def test_a_gc_on_a_web_server_says_its_files_cannot_be_removed_there(tmp_path: Path) -> None:
+    """A gc of a store on a web server, opened without ``read_only``, with a blob to remove:
+    fsspec's http filesystem removes nothing, and the gc failed with a bare, empty
+    NotImplementedError. It is a StoreError saying so and where to run it; the blob stays."""
+    stray = Store(tmp_path).put(b"no record names it")
+    with served_over_http(tmp_path) as url:
+        store = Store.on_bucket(url, retries=0)
+        with pytest.raises(StoreError, match=r"cannot be done: its filesystem \(HTTPFileSystem"):
+            store.gc(max_bytes=0, grace=0)
+    assert Store(tmp_path).has_blob(stray)
+
+
 def test_a_read_only_bucket_stays_read_only_in_another_process() -> None:
     """``read_only`` travels with the store: in its address, which another process opens it
     from, and in its pickle; a store opened without it is not read-only."""

@@ -445,6 +445,8 @@ class BucketRequests(PackedHome):
                 if _misconfigured(why):
                     raise self._misconfigured(what, why) from why
                 if not _transient(why):
+                    if isinstance(why, NotImplementedError):  # fsspec's: never done there
+                        raise self._not_done(what, why) from why
                     if isinstance(why, PermissionError):
                         raise StoreError(
                             f"{what} on {self.url} was refused ({why}): check the credentials "
@@ -466,6 +468,16 @@ class BucketRequests(PackedHome):
                 time.sleep(delay * (1 + random.random()))
                 delay *= 2
         raise AssertionError("unreachable")
+
+    def _not_done(self, what: str, why: NotImplementedError) -> StoreError:
+        """The error for what the store's filesystem does not do at all (fsspec's http
+        filesystem removes nothing): asked again, or with other credentials, it is not."""
+        said = f" ({why})" if str(why) else ""
+        return StoreError(
+            f"{what} on {self.url} cannot be done: its filesystem "
+            f"({type(_under_copies(self.fs)).__name__}) does not do that{said}. Do it where "
+            "the store's files can be changed (open its folder, or its bucket, there)"
+        )
 
     def _uncredentialed(self, what: str, why: BaseException) -> StoreError:
         return StoreError(
