@@ -1070,6 +1070,19 @@ def test_a_large_blob_on_a_web_server_taking_no_writes_is_refused_as_a_small_one
         assert store.writable() is False
 
 
+def test_a_store_on_a_web_server_verifies_with_its_empty_folders_no_strays(
+    tmp_path: Path,
+) -> None:
+    """A store served by a web server whose ``packs/`` and ``names/`` hold nothing: fsspec
+    finds each folder's page as a file of its own, which verify reported as a stray file
+    of each (``packs/``, ``names/``). It finds the blob it holds, and nothing stray."""
+    Store(tmp_path).put(b"served")
+    with served_over_http(tmp_path) as url:
+        found = Store.on_bucket(url, read_only=True, retries=0).verify()
+    assert found.ok and found.blobs == 1 and found.names == 0
+    assert found.stray == []
+
+
 def test_a_gc_on_a_web_server_says_its_files_cannot_be_removed_there(tmp_path: Path) -> None:
     """A gc of a store on a web server, opened without ``read_only``, with a blob to remove:
     fsspec's http filesystem removes nothing, and the gc failed with a bare, empty

@@ -420,11 +420,11 @@ class BucketRequests(PackedHome):
         return not self._protocols & {"file", "local"}
 
     @property
-    def _streams(self) -> bool:
-        """Whether a large file is uploaded piece by piece (:meth:`_stream`); not to a web
-        server (``http://host/store``), whose files fsspec opens only to read: one request
-        of the whole file writes it there, or is refused as any other write is."""
-        return not self._protocols & {"http", "https"}
+    def _on_web_server(self) -> bool:
+        """Whether the store is on a web server (``http://host/store``): fsspec opens its
+        files only to read (a large file is written in one request, not piece by piece, see
+        :meth:`_stream`), removes none, and finds a folder's page as a file of its own."""
+        return bool(self._protocols & {"http", "https"})
 
     def _open_fs(self) -> Any:
         """The filesystem of the store's URL, opened as :attr:`fs` was."""
@@ -684,7 +684,7 @@ class BucketRequests(PackedHome):
         size = nbytes(pieces)
 
         def upload() -> None:
-            if size <= _STREAM_ABOVE or not self._streams:
+            if size <= _STREAM_ABOVE or self._on_web_server:
                 self.fs.pipe_file(path, b"".join(pieces))
             else:
                 self._stream(path, pieces, size)
@@ -871,10 +871,13 @@ class BucketRequests(PackedHome):
                 found = dict(sorted(self._call(f"listing {section}", walk).items()))
         except _ABSENT:
             return {}
+        # A web server's folder is a page (its index), which fsspec finds as a file where
+        # the folder holds none: the section itself, not a file in it.
+        paged = where if self._on_web_server else None
         return {
             path: info
             for path, info in cast(dict[str, dict[str, Any]], found).items()
-            if not path.endswith("/") and info.get("type") != "directory"
+            if not path.endswith("/") and info.get("type") != "directory" and path != paged
         }
 
     def _walk(
