@@ -78,6 +78,10 @@ from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import torch
+
+# `import torch` loads `torch.utils.checkpoint` only from torch 2.5 on; imported here by
+# name so torch 2.4 has it too
+import torch.utils.checkpoint
 from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 
