@@ -171,8 +171,18 @@ def memory_of(
     tensor resized while the view is held leaves it over freed memory, so callers read
     it at once (a hash, a write to the store, a join into bytes) and hand it to nobody,
     unless the tensor is theirs alone."""
-    flat: Any = numpy.asarray(_Memory(tensor, writable))
+    flat: Any = _flat_bytes(tensor, writable)
     return memoryview(flat if kind is None else flat.view(kind))
+
+
+def _flat_bytes(tensor: torch.Tensor, writable: bool) -> numpy.ndarray:
+    """The bytes of a contiguous CPU ``tensor`` as a flat array of bytes, not copied."""
+    if tensor.numel() == 0:
+        # torch puts an empty tensor at address 0, which numpy before 2.3 refuses
+        nothing = numpy.empty(0, numpy.uint8)
+        nothing.flags.writeable = writable
+        return nothing
+    return numpy.asarray(_Memory(tensor, writable))
 
 
 def _check_holds_data(tensor: torch.Tensor) -> None:
