@@ -108,6 +108,20 @@ class Total(Node):
         return sum(frame.column("n"))
 
 
+def host_float32_products() -> str:
+    """How float32 products are computed on the host in this process: "tf32", "full", or
+    another setting's name. Read from oneDNN's own setting where torch has one (2.9 on),
+    from the float32 matmul precision before."""
+    import torch
+
+    mkldnn = torch.backends.mkldnn
+    if hasattr(mkldnn, "matmul"):
+        setting = str(mkldnn.matmul.fp32_precision)
+        return "full" if setting in ("none", "ieee") else setting
+    legacy = torch.get_float32_matmul_precision()
+    return {"highest": "full", "high": "tf32"}.get(legacy, legacy)
+
+
 @contextlib.contextmanager
 def matmul_in_tf32() -> Iterator[None]:
     """float32 products computed in TF32 in this process for the block, as Lightning's

@@ -511,6 +511,8 @@ def test_how_half_precision_products_run_on_a_gpu_is_in_the_keys(tmp_path: Path)
         ("allow_fp16_reduced_precision_reduction", False),
         ("allow_bf16_reduced_precision_reduction", False),
     ):
+        if not hasattr(matmul, setting):  # a setting this torch lacks changes nothing
+            continue
         was = getattr(matmul, setting)
         try:
             setattr(matmul, setting, value)

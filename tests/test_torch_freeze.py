@@ -47,7 +47,7 @@ from somatize_torch.freeze import settings_of
 from tests.decoding import Decoder, NotesWidth, steps_alike
 from tests.drawing import AttendsBeside, CountedBeside, DrawnBeside, WritesBeside
 from tests.global_modules import CHANGES, normed_cell, scaled
-from tests.nodes import matmul_in_tf32
+from tests.nodes import host_float32_products, matmul_in_tf32
 
 
 class Encoder(nn.Module):
@@ -1013,7 +1013,7 @@ class MadeIn(Node):
     host, as its process has them set."""
 
     def forward(self, x: Any, ctx: Any) -> list[str]:
-        return [str(torch.ones(1).dtype), torch.backends.mkldnn.matmul.fp32_precision]
+        return [str(torch.ones(1).dtype), host_float32_products()]
 
 
 class Float64Meanwhile(Node):
@@ -1087,11 +1087,11 @@ def test_a_worker_of_its_own_process_runs_a_plain_node_in_the_settings_its_key_n
     with matmul_in_tf32():
         tf32 = dataclasses.replace(ctx, precision=precision_now())
         job, sent = job_for(g, "made", "w1", blueprint, [1], tf32, keep=False)
-    usual = torch.backends.mkldnn.matmul.fp32_precision
+    usual = host_float32_products()
     reply = host.run(job, sent)
     assert isinstance(reply, Reply)
     assert unpack(reply.codec, reply.data) == ["torch.float32", "tf32"]
-    assert torch.backends.mkldnn.matmul.fp32_precision == usual
+    assert host_float32_products() == usual
     job, sent = job_for(g, "made", "w1", blueprint, [1], ctx, keep=False)
     made = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
@@ -1100,8 +1100,8 @@ def test_a_worker_of_its_own_process_runs_a_plain_node_in_the_settings_its_key_n
             reply = host.run(job, sent)
             assert isinstance(reply, Reply)
             dtype, products = unpack(reply.codec, reply.data)
-            assert dtype == "torch.float32" and products in ("none", "ieee")  # full precision
-            assert torch.backends.mkldnn.matmul.fp32_precision == "tf32"
+            assert dtype == "torch.float32" and products == "full"
+            assert host_float32_products() == "tf32"
             assert torch.get_default_dtype() == torch.float64
     finally:
         torch.set_default_dtype(made)
