@@ -47,7 +47,13 @@ from somatize_torch.rows import cache_rows
 from somatize_torch.writer import WaitsForItself, WriteFailed, Writer, store_lock
 from tests.conftest_s3 import s3_options, s3_url
 from tests.forked import in_child, in_forked_child
-from tests.test_torch_rows import HalfOfMap, Magnitudes, expected, laid_out_otherwise
+from tests.test_torch_rows import (
+    HalfOfMap,
+    Magnitudes,
+    expected,
+    laid_out_otherwise,
+    rows_as_bytes,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -2802,8 +2808,7 @@ def test_rows_of_one_unsigned_value_are_recalled_from_memory_and_from_staging(
         again = cached(x[shuffled])
         assert getattr(cached.stats, f"from_{where}") == 8
     assert again.dtype == dtype and again.shape == (8,)
-    first_bytes = first.view(torch.uint8).reshape(8, -1)  # torch 2.4 indexes no uint16
-    assert torch.equal(again.view(torch.uint8).reshape(8, -1), first_bytes[shuffled])
+    assert torch.equal(rows_as_bytes(again), rows_as_bytes(first)[shuffled])
     assert torch.equal(again.double(), expected(module, x[shuffled]).double())
     cached.close()
 
