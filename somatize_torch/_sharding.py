@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import sys
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -96,13 +97,14 @@ def sharded_sources(parts: Iterable[nn.Module]) -> tuple[tuple[Any, torch.Tensor
     parameter its values are gathered from, and that one's version counter, to be looked
     at again by :func:`sources_changed`."""
     composable = sys.modules.get("torch.distributed._composable_state")
-    fsdp = sys.modules.get("torch.distributed.fsdp._fully_shard._fsdp_state")
+    fsdp = _loaded(_FSDP2_STATES)
     if composable is None or fsdp is None:
         return ()
     ids = set(map(id, parts))
     found = []
-    for ref in list(composable._module_state_mapping.values()):
-        state = ref()
+    for held in list(composable._module_state_mapping.values()):
+        # torch 2.4 holds each state itself, a later torch a weak reference to it
+        state = held() if isinstance(held, weakref.ref) else held
         if not isinstance(state, fsdp.FSDPState):
             continue
         for param in _sharded_params(state):
@@ -121,10 +123,31 @@ def sources_changed(sources: tuple[tuple[Any, torch.Tensor, int], ...]) -> bool:
     )
 
 
+_FSDP2_STATES = (
+    "torch.distributed.fsdp._fully_shard._fsdp_state",
+    "torch.distributed._composable.fsdp._fsdp_state",
+)
+"""Where FSDP2 writes its state: the first from torch 2.6 on, the second before."""
+
+_DTENSORS = ("torch.distributed.tensor", "torch.distributed._tensor")
+"""Where ``DTensor`` is written: the first from torch 2.5 on, the second before (torch 2.4
+has a ``torch.distributed.tensor`` without it)."""
+
+
+def _loaded(names: tuple[str, ...], holding: str | None = None) -> Any:
+    """The first module of ``names`` that is loaded (and holds ``holding``, where named):
+    a module not yet imported holds nothing in use."""
+    for name in names:
+        module = sys.modules.get(name)
+        if module is not None and (holding is None or hasattr(module, holding)):
+            return module
+    return None
+
+
 def is_dtensor(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` is a ``DTensor``, as FSDP2 (``fully_shard``) holds a parameter
     between forwards: this rank's shard of it."""
-    distributed = sys.modules.get("torch.distributed.tensor")
+    distributed = _loaded(_DTENSORS, holding="DTensor")
     return distributed is not None and isinstance(tensor, distributed.DTensor)
 
 

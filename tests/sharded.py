@@ -143,13 +143,24 @@ def fsdp1_training(rank: int, how: str, store: str) -> dict[str, Any]:
     return {"same": same, "recalled": recalled(model, top, how)}
 
 
+def fsdp2() -> Any:
+    """torch's FSDP2: ``fully_shard``, ``DTensor`` and ``distribute_tensor``, from where this
+    torch has them (public from torch 2.6 on, under ``_composable`` and ``_tensor`` in
+    torch 2.4)."""
+    try:
+        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.tensor import DTensor, distribute_tensor
+    except ImportError:
+        from torch.distributed._composable.fsdp import fully_shard
+        from torch.distributed._tensor import DTensor, distribute_tensor
+    return fully_shard, DTensor, distribute_tensor
+
+
 def fsdp2_loading(rank: int, how: str, store: str) -> dict[str, Any]:
     """FSDP2 (``fully_shard``) sharding the classifier, called, then loaded with other
     encoder weights and called again: whether each call answered as the plain classifier
     holding those weights does."""
-    from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor, distribute_tensor
-
+    fully_shard, DTensor, distribute_tensor = fsdp2()
     _, top = cached_model(how, store)
     fully_shard(top)
     torch.manual_seed(0)

@@ -4,11 +4,13 @@ is seen."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed.fsdp
 from torch import nn
 
 import somatize.torch as smt
@@ -18,6 +20,7 @@ from tests.sharded import (
     Encoder,
     fsdp1_training,
     fsdp1_watching,
+    fsdp2,
     fsdp2_loading,
     run_ranks,
 )
@@ -56,6 +59,10 @@ def test_fsdp1_digests_an_unchanged_encoder_once_and_sees_its_weights_change(
         assert answer["same"] == [True, True]
 
 
+@pytest.mark.skipif(
+    not hasattr(torch.distributed.fsdp, "fully_shard") and not torch.cuda.is_available(),
+    reason="needs torch >= 2.6 on a host without CUDA: FSDP2 in torch 2.4 runs on CUDA only",
+)
 @pytest.mark.parametrize("how", ["rows", "wrap"])
 def test_fsdp2_sees_encoder_weights_loaded_into_the_sharded_model(tmp_path: Path, how: str) -> None:
     """Weights loaded into a model ``fully_shard`` shards (``load_state_dict``) reach the
@@ -89,8 +96,7 @@ def test_a_module_fsdp2_shards_is_refused_saying_to_shard_the_model_holding_the_
     model, is refused naming ``DTensor`` and saying to cache or wrap before sharding and
     to shard the model holding the cache, not to hold plain tensors, which FSDP2 puts
     back at once."""
-    from torch.distributed.fsdp import fully_shard
-
+    fully_shard, _, _ = fsdp2()
     advice = r"`DTensor`s.*before `fully_shard`.*the whole wrapped model"
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
@@ -109,3 +115,23 @@ def test_a_module_fsdp2_shards_is_refused_saying_to_shard_the_model_holding_the_
             wrapped(torch.randn(2, 16))
     finally:
         dist.destroy_process_group()
+
+
+def test_a_dtensor_is_known_where_torch_2_4_writes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Torch 2.4 writes ``DTensor`` in ``torch.distributed._tensor``, beside a
+    ``torch.distributed.tensor`` without it: a tensor of that class is known as one there,
+    so a module FSDP2 shards is refused as it is in a later torch, not failing in the
+    library."""
+    import types
+
+    from somatize_torch._sharding import is_dtensor
+
+    class DTensor(torch.Tensor):
+        """Stands for torch 2.4's ``DTensor``."""
+
+    monkeypatch.setitem(sys.modules, "torch.distributed.tensor", types.ModuleType("tensor"))
+    older = types.ModuleType("_tensor")
+    older.DTensor = DTensor  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch.distributed._tensor", older)
+    assert is_dtensor(torch.zeros(2).as_subclass(DTensor))
+    assert not is_dtensor(torch.zeros(2))
