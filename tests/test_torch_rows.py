@@ -59,6 +59,7 @@ from tests.drawing import AttendsBeside, DrawnBeside
 from tests.forked import in_forked_child
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 from tests.layouts import answers_as_its_weights_are_laid_out
+from tests.state_dict_hooks import add_load_state_dict_pre_hook, add_state_dict_post_hook
 
 
 def encoder(seed: int = 0) -> nn.Module:
@@ -4071,13 +4072,13 @@ def test_state_dict_hooks_registered_on_the_module_run_through_the_wrapper() -> 
     """Hooks registered on the cached module itself run when the wrapper is saved or
     loaded, before or after wrapping: a checkpoint is the plain module's."""
     module = nn.Sequential(nn.Linear(4, 4))
-    module.register_state_dict_post_hook(
-        lambda m, state, prefix, meta: state.__setitem__(prefix + "tag", torch.ones(1))
+    add_state_dict_post_hook(
+        module, lambda m, state, prefix, meta: state.__setitem__(prefix + "tag", torch.ones(1))
     )
     cached = cache_rows(module)
     seen: list[str] = []
-    cached.register_load_state_dict_pre_hook(
-        lambda m, state, prefix, *rest: seen.append(str(state.pop(prefix + "tag", None)))
+    add_load_state_dict_pre_hook(
+        cached, lambda m, state, prefix, *rest: seen.append(str(state.pop(prefix + "tag", None)))
     )
     model = nn.ModuleDict({"encoder": cached})
     saved = model.state_dict()

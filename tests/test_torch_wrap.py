@@ -61,6 +61,7 @@ from tests.decoding import Decoder, NotesWidthThenHead, steps_alike
 from tests.drawing import AttendsBeside, DrawnBeside, WritesBeside
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 from tests.layouts import answers_as_its_weights_are_laid_out
+from tests.state_dict_hooks import add_load_state_dict_pre_hook, add_state_dict_post_hook
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -318,11 +319,11 @@ def test_a_wrapped_checkpoint_is_the_models_own_with_its_hooks_and_overrides(
     hooks registered on it run through the wrapper: checkpoints are the plain model's."""
     torch.manual_seed(0)
     model = Renamed()
-    model.register_state_dict_post_hook(
-        lambda module, state, prefix, meta: state.__setitem__(prefix + "tag", torch.ones(1))
+    add_state_dict_post_hook(
+        model, lambda module, state, prefix, meta: state.__setitem__(prefix + "tag", torch.ones(1))
     )
-    model.register_load_state_dict_pre_hook(
-        lambda module, state, prefix, *rest: state.pop(prefix + "tag", None)
+    add_load_state_dict_pre_hook(
+        model, lambda module, state, prefix, *rest: state.pop(prefix + "tag", None)
     )
     plain = model.state_dict()
     wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=store)
