@@ -956,6 +956,7 @@ def _fx_put_back() -> Callable[[], None]:
         getattr(_symbolic_trace, "CURRENT_PATCHER", None),
         _symbolic_trace._is_fx_tracing_flag,
     )
+    module_was = {name: vars(nn.Module)[name] for name in ("__call__", "__getattr__")}
 
     def put_back() -> None:
         now = getattr(_symbolic_trace, "CURRENT_PATCHER", None)
@@ -964,6 +965,10 @@ def _fx_put_back() -> Callable[[], None]:
                 with contextlib.suppress(KeyError):  # one that deletes, and deleted already
                     patch.revert()
             _symbolic_trace.CURRENT_PATCHER = patcher
+        # torch 2.4 keeps no record of the patches of the trace under way: how every module
+        # is called and read is put back all the same
+        for name, was in module_was.items():
+            setattr(nn.Module, name, was)
         _symbolic_trace._is_fx_tracing_flag = flag
 
     return put_back

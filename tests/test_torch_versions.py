@@ -66,3 +66,23 @@ def test_an_empty_tensor_is_read_where_numpy_refuses_address_zero(
     recalled = TENSOR.decode(stored)
     assert recalled.dtype == dtype
     assert recalled.shape == empty.shape
+
+
+def test_a_child_forked_in_a_trace_calls_modules_as_before_where_fx_names_no_patcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Torch 2.4's fx keeps no record of what the trace under way replaced: a child forked
+    meanwhile still has how every module is called and read put back, so its own calls
+    do not go through the parent's trace."""
+    from torch.fx import _symbolic_trace
+
+    from somatize_torch._split import _fx_put_back
+
+    monkeypatch.setattr(_symbolic_trace, "CURRENT_PATCHER", None, raising=False)
+    call, getattr_ = torch.nn.Module.__call__, torch.nn.Module.__getattr__
+    put_back = _fx_put_back()
+    monkeypatch.setattr(torch.nn.Module, "__call__", lambda *args: "traced")
+    monkeypatch.setattr(torch.nn.Module, "__getattr__", lambda *args: "traced")
+    put_back()
+    assert torch.nn.Module.__call__ is call
+    assert torch.nn.Module.__getattr__ is getattr_
