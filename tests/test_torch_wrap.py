@@ -9152,7 +9152,8 @@ def test_a_forward_that_makes_torch_import_sympy_is_traced(tmp_path: Path) -> No
         "sys.path.insert(0, 'tests')\n"
         "import somatize.torch as smt\n"
         "from test_torch_wrap import LayerDrop\n"
-        "assert 'sympy' not in sys.modules\n"
+        "if 'sympy' in sys.modules:\n"
+        "    print('loaded with torch'); sys.exit()\n"
         "class FromNumpy(LayerDrop):\n"
         "    def forward(self, x):\n"
         "        return self.middle(self.encoder(x)) + torch.from_numpy(np.ones(4, 'float32'))\n"
@@ -9166,6 +9167,8 @@ def test_a_forward_that_makes_torch_import_sympy_is_traced(tmp_path: Path) -> No
         "print('traced')\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    if done.stdout.split() == ["loaded", "with", "torch"]:
+        pytest.skip("needs a torch that imports sympy lazily: torch 2.4 imports it with itself")
     assert done.stdout.split() == ["traced"], done.stderr[-2000:]
 
 
