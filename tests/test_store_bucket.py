@@ -38,6 +38,7 @@ from somatize.store import (
     StoreError,
 )
 from somatize.store.records import encode_record
+from somatize.store.upkeep import survey
 from tests.conftest_s3 import READS, s3_options, s3_url, user
 from tests.forked import in_forked_child
 from tests.nodes import Largest, Rows, Scale, Square
@@ -1081,6 +1082,30 @@ def test_a_store_on_a_web_server_verifies_with_its_empty_folders_no_strays(
         found = Store.on_bucket(url, read_only=True, retries=0).verify()
     assert found.ok and found.blobs == 1 and found.names == 0
     assert found.stray == []
+
+
+SECTIONS = ("blobs", "answers", "names")
+
+
+def test_a_store_on_a_web_server_verifies_and_sizes_its_files_as_they_are(
+    tmp_path: Path,
+) -> None:
+    """A web server's folder page names its files but not their sizes, which fsspec lists
+    as none: verify took each blob for 0 bytes, said every whole answer's record damaged
+    (its blob holding 0 bytes where it says 3000), and verify and du counted 0 bytes in
+    all. Each file's size is asked of the server, as a directory store's listing has it."""
+    local = Store(tmp_path)
+    local.keep("blake3:" + "ab" * 32, b"x" * 3000, "plain")
+    local.bind("sms/train", local.put(b"rows"))
+    held = local.verify()
+    with served_over_http(tmp_path) as url:
+        store = Store.on_bucket(url, read_only=True, retries=0)
+        found = store.verify()
+        sized = survey(store).bytes
+    assert found.ok and found.damaged == [] and found.records == 1 and found.names == 1
+    assert found.bytes == held.bytes == 3004
+    kept = survey(local).bytes
+    assert [sized[s] for s in SECTIONS] == [kept[s] for s in SECTIONS] != [0, 0, 0]
 
 
 def test_a_gc_on_a_web_server_says_its_files_cannot_be_removed_there(tmp_path: Path) -> None:

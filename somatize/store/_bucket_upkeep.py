@@ -456,7 +456,7 @@ class BucketShelf(BucketRequests):
             return []
         out = [
             Entry(name, int(info.get("size") or 0), _mtime(info))
-            for name, info in self._listed(section, upkeep=True).items()
+            for name, info in self._sized(section, self._listed(section, upkeep=True)).items()
             if not (section == "tmp" and name.startswith(f"{_ASIDE}/"))  # a gc's copies
         ]
         if not self._atomic and section in _LAID_OUT:  # a directory: links lead out
@@ -518,6 +518,24 @@ class BucketShelf(BucketRequests):
             "at once (by gc elsewhere); a gc measures its grace on the server's clock, so "
             "run it again"
         )
+
+    def _sized(self, section: str, listed: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """``listed`` (name in ``section`` → info), each file's size asked of the server
+        where the listing lacks it: a web server's folder page names its files, not their
+        sizes, and a blob taken for 0 bytes makes its answer's record look damaged. One gone
+        since it was listed (a gc elsewhere) is left out."""
+        if not self._on_web_server:
+            return listed
+        out: dict[str, dict[str, Any]] = {}
+        for name, info in listed.items():
+            if info.get("size") is None:
+                path = self._path(section, name)
+                try:
+                    info = {**info, **self._call(f"looking at {path}", self.fs.info, path)}
+                except FileNotFoundError:
+                    continue
+            out[name] = info
+        return out
 
     def _listed(self, section: str, *, upkeep: bool = False) -> dict[str, dict[str, Any]]:
         """Name in ``section`` → info of each file listed there at the depth the store
