@@ -19,6 +19,7 @@ import tarfile
 import threading
 import time
 import uuid
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -1053,6 +1054,45 @@ def test_a_store_on_a_web_server_taking_no_writes_says_so_and_holds_it(tmp_path:
             g.forward({"at": 0, "take": 4}, store=store)
         assert square.calls == [[0, 1], [0, 1, 2]]
         assert g.forward({"at": 0, "take": 2}, store=store) == [0, 1]
+
+
+@pytest.mark.parametrize("status", [HTTPStatus.FORBIDDEN, HTTPStatus.UNAUTHORIZED])
+def test_a_store_on_a_web_server_forbidding_writes_says_so_and_holds_it(
+    tmp_path: Path, status: HTTPStatus
+) -> None:
+    """A store on a web server that refuses the client's writes (a PUT answered 403 or
+    401), opened without ``read_only``: the forward failed with aiohttp's bare
+    ClientResponseError, and every later forward computed again before failing so. It
+    raises a StoreError saying the server refused writes with these credentials and to
+    open it read_only=True; the store object holds that, and it still recalls."""
+    square = Square().named("square").frozen().mapped().cached()
+    g = Graph.somatize(Rows().named("rows").frozen() >> square)
+    assert g.forward({"at": 0, "take": 2}, store=Store(tmp_path)) == [0, 1]
+    with served_over_http(tmp_path, put_status=status) as url:
+        store = Store.on_bucket(url, retries=0)
+        with pytest.raises(StoreError, match="server refused writes") as refused:
+            g.forward({"at": 0, "take": 3}, store=store)
+        assert f"{status.value}" in str(refused.value) and "read_only=True" in str(refused.value)
+        assert store.writable() is False
+        with pytest.raises(StoreError, match="server refused writes"):
+            g.forward({"at": 0, "take": 4}, store=store)
+        assert square.calls == [[0, 1], [0, 1, 2]]
+        assert g.forward({"at": 0, "take": 2}, store=store) == [0, 1]
+
+
+def test_a_read_a_web_server_forbids_is_said_so_and_leaves_the_store_writable(
+    tmp_path: Path,
+) -> None:
+    """A blob a web server refuses to be read (a GET answered 403): it was aiohttp's bare
+    ClientResponseError. It is a StoreError saying the server refused reading it, and
+    never taken for a refused write: the store stays writable."""
+    kept = Store(tmp_path).put(b"served")
+    with served_over_http(tmp_path, forbidden_reads=("/blobs/",)) as url:
+        store = Store.on_bucket(url, retries=0)
+        with pytest.raises(StoreError, match=r"reading .* refused by the server \(403") as said:
+            store.get(kept)
+        assert "write" not in str(said.value)
+        assert store.writable() is True
 
 
 def test_a_large_blob_on_a_web_server_taking_no_writes_is_refused_as_a_small_one(

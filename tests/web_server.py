@@ -1,5 +1,6 @@
 """A folder served by a plain web server, as ``python -m http.server`` serves one: it
-answers reads, and takes no writes (a PUT is answered 501)."""
+answers reads, and takes no writes (a PUT is answered 501, or as asked: 403 where it
+takes none of the client's credentials); reads under the paths asked are refused 403."""
 
 from __future__ import annotations
 
@@ -7,20 +8,51 @@ import contextlib
 import functools
 import threading
 from collections.abc import Iterator
+from http import HTTPStatus
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 
 class _Quiet(SimpleHTTPRequestHandler):
+    put_status = HTTPStatus.NOT_IMPLEMENTED
+    forbidden_reads: tuple[str, ...] = ()
+
     def log_message(self, *args: Any) -> None:
         pass
 
+    def do_PUT(self) -> None:
+        self.send_error(self.put_status)
+
+    def do_GET(self) -> None:
+        if self._forbidden():
+            self.send_error(HTTPStatus.FORBIDDEN)
+        else:
+            super().do_GET()
+
+    def do_HEAD(self) -> None:
+        if self._forbidden():
+            self.send_error(HTTPStatus.FORBIDDEN)
+        else:
+            super().do_HEAD()
+
+    def _forbidden(self) -> bool:
+        return any(self.path.startswith(prefix) for prefix in self.forbidden_reads)
+
 
 @contextlib.contextmanager
-def served_over_http(folder: Path) -> Iterator[str]:
-    """The URL (``http://127.0.0.1:port``) of ``folder`` served while the block runs."""
-    handler = functools.partial(_Quiet, directory=folder)
+def served_over_http(
+    folder: Path,
+    put_status: HTTPStatus = HTTPStatus.NOT_IMPLEMENTED,
+    forbidden_reads: tuple[str, ...] = (),
+) -> Iterator[str]:
+    """The URL (``http://127.0.0.1:port``) of ``folder`` served while the block runs; a PUT
+    is answered ``put_status``, a read of a path starting with one of ``forbidden_reads``
+    (``/blobs/``) 403."""
+    handler_class = type(
+        "_Served", (_Quiet,), {"put_status": put_status, "forbidden_reads": forbidden_reads}
+    )
+    handler = functools.partial(handler_class, directory=folder)
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:

@@ -162,15 +162,27 @@ _NO_WRITES = {405, 501}
 allowed, not implemented (a plain file server, ``python -m http.server``, answers a PUT
 so). Asking again, with any credentials, will not change it."""
 
+_FORBIDDEN = {401, 403}
+"""The HTTP statuses a web server answers a request with that these credentials (or none)
+may not make: unauthorized, forbidden. Asking again with them will not change it."""
 
-def _takes_no_writes(error: BaseException) -> str | None:
-    """What a web server said refusing a write with one of :data:`_NO_WRITES` (aiohttp's
-    ``ClientResponseError``, as fsspec's http filesystem raises it); None for any other
-    failure."""
-    status = getattr(error, "status", None)
-    if not type(error).__module__.startswith("aiohttp") or status not in _NO_WRITES:
-        return None
-    return f"{status} {getattr(error, 'message', '')}".strip()
+
+def _server_said(error: BaseException) -> tuple[int, str] | None:
+    """The status and what a web server said where ``error`` is its answer (aiohttp's
+    ``ClientResponseError``, as fsspec's http filesystem raises it), or was raised from it
+    (as :meth:`BucketRequests._call` raises a refusal); None for any other failure."""
+    for said in (error, error.__cause__):
+        status = getattr(said, "status", None)
+        if type(said).__module__.startswith("aiohttp") and isinstance(status, int):
+            return status, f"{status} {getattr(said, 'message', '')}".strip()
+    return None
+
+
+def _refused_writing(error: BaseException) -> tuple[int, str] | None:
+    """The status and what a web server said refusing a write, with one of
+    :data:`_NO_WRITES` or :data:`_FORBIDDEN`; None for any other failure."""
+    said = _server_said(error)
+    return said if said is not None and said[0] in _NO_WRITES | _FORBIDDEN else None
 
 
 def _no_credentials(error: BaseException) -> bool:
@@ -332,9 +344,11 @@ class BucketNotes:
     what it could not keep (see :meth:`BucketRequests._refused_keeping`); None while no
     write was refused so. Never cleared by a later write, as of a ``used/`` log that a
     policy may let readers write."""
-    refused_by_server: bool = False
-    """Whether :attr:`refused` was said by a web server that takes no writes at all (see
-    :func:`_takes_no_writes`), not by a bucket of these credentials."""
+    refused_by_server: int | None = None
+    """The HTTP status a web server refused the write of :attr:`refused` with (see
+    :func:`_refused_writing`): one of :data:`_NO_WRITES` where it takes no writes at all,
+    of :data:`_FORBIDDEN` where it takes none of these credentials; None where a bucket
+    refused it."""
     damaged: set[str] = dataclasses.field(default_factory=set)
     """The blobs this store object found damaged: a put of one writes it afresh, not
     trusting the object of the right size there (which a move aside may have left)."""
@@ -406,7 +420,7 @@ class BucketRequests(PackedHome):
         # own (the worker's role, its environment): it finds out for itself whether the
         # bucket refuses it writes.
         state = super().__getstate__()
-        state["_noted"] = dataclasses.replace(self._noted, refused=None, refused_by_server=False)
+        state["_noted"] = dataclasses.replace(self._noted, refused=None, refused_by_server=None)
         # Nor does it carry the filesystem, which it opens from its options: fsspec hands
         # one filesystem to all who open it with the same options, so the store's may be
         # one made with the credentials as plain text, which its pickle would hold.
@@ -452,6 +466,9 @@ class BucketRequests(PackedHome):
                             f"{what} on {self.url} was refused ({why}): check the credentials "
                             "and the bucket's permissions"
                         ) from why
+                    forbidden = self._forbidden(what, why)
+                    if forbidden is not None:
+                        raise forbidden from why
                     if _refused(why):
                         raise StoreError(
                             f"{what} on {self.url} was refused ({why}), which asking again "
@@ -468,6 +485,20 @@ class BucketRequests(PackedHome):
                 time.sleep(delay * (1 + random.random()))
                 delay *= 2
         raise AssertionError("unreachable")
+
+    def _forbidden(self, what: str, why: BaseException) -> StoreError | None:
+        """The error for a request a web server refused these credentials (one of
+        :data:`_FORBIDDEN`); None for any other failure. A write refused so is said again
+        by :meth:`_upload`, as a store read-only for them."""
+        said = _server_said(why)
+        if said is None or said[0] not in _FORBIDDEN:
+            return None
+        return StoreError(
+            f"{what} on {self.url} was refused by the server ({said[1]}): these credentials "
+            "(or none) may not do that there. Check the credentials the store is opened with "
+            "(storage options such as `headers=` or `client_kwargs={'auth': ...}`) and the "
+            "server's permissions"
+        )
 
     def _not_done(self, what: str, why: NotImplementedError) -> StoreError:
         """The error for what the store's filesystem does not do at all (fsspec's http
@@ -599,11 +630,20 @@ class BucketRequests(PackedHome):
             "process may write (unpack the archive and open its folder)"
         )
 
-    def _read_only(self, doing: str, refused: str) -> StoreError:
+    def _read_only(self, doing: str, refused: str, status: int | None = None) -> StoreError:
         """The error for a write (``doing``: what it would do) to a bucket that refused a
-        write for want of permission, or a web server that takes none (``refused``: which,
-        and what it said)."""
-        if self._noted.refused_by_server:
+        write for want of permission, or a web server that refused it (``refused``: which,
+        and what it said; ``status``: the server's, else the one held)."""
+        status = self._noted.refused_by_server if status is None else status
+        if status in _FORBIDDEN:
+            return StoreError(
+                f"cannot {doing} {self.url}: the server refused writes with these credentials "
+                f"({refused}), so the store is read-only for them. Nothing was changed; it "
+                "can still be read. Open it with read_only=True, which refuses a forward that "
+                "would keep an answer before it computes one, or with credentials the server "
+                "lets write, or keep answers in a store this process may write"
+            )
+        if status is not None:
             return StoreError(
                 f"cannot {doing} {self.url}: the server takes no writes ({refused}), so the "
                 "store is read-only there. Nothing was changed; it can still be read. Open "
@@ -703,11 +743,10 @@ class BucketRequests(PackedHome):
                     raise self._no_bucket(bucket) from why
                 raise StoreError(f"writing {target} on {self.url} failed: {why}") from why
             where = target[len(self.root) + 1 :]
-            said = _takes_no_writes(why)
-            if said is not None:  # of any file alike: the server takes none
-                self._noted.refused = f"writing {where}: {said}"
-                self._noted.refused_by_server = True
-                raise self._read_only("write to", self._noted.refused) from why
+            said = _refused_writing(why)
+            if said is not None:
+                self._refused_by_server(where, *said)
+                raise self._read_only("write to", f"writing {where}: {said[1]}", said[0]) from why
             denied = _denied(why)
             if denied is None:
                 raise
@@ -718,6 +757,16 @@ class BucketRequests(PackedHome):
             if not where.startswith(("used/", "names/")):
                 self._noted.refused = refused
             raise self._read_only("write to", refused) from denied
+
+    def _refused_by_server(self, where: str, status: int, said: str) -> None:
+        """Holds a web server's refusal (``status``, what it ``said``) to write ``where``:
+        one that takes no writes refuses every file alike; one that refuses these
+        credentials may refuse a ``used/`` log or a name alone, as a bucket's policy may
+        (see :meth:`_upload`)."""
+        if status in _FORBIDDEN and where.startswith(("used/", "names/")):
+            return
+        self._noted.refused = f"writing {where}: {said}"
+        self._noted.refused_by_server = status
 
     def _rename(self, path: str, target: str) -> None:
         """Renames ``path`` (in ``tmp/``) to ``target`` on a plain filesystem, into its
