@@ -165,23 +165,22 @@ def grown(before: dict[str, int], now: dict[str, int]) -> set[str]:
     return {name for name, count in now.items() if before.get(name, count) != count}
 
 
-def never_hit(
-    trainer: pl.Trainer, records: list[EpochStats], changed: set[str], stale: set[str]
-) -> str | None:
+def never_hit(trainer: pl.Trainer, records: list[EpochStats], changed: set[str]) -> str | None:
     """What to warn of (:class:`~somatize_torch.lightning.NeverHits`) when the training
     epoch just ended, ``records``, recalled none of the rows of a module after an epoch
     that computed and kept them; None otherwise, and when the epochs may share no sample
     (:func:`_rows_recur`). A module in ``changed`` had its rows keyed anew since the epoch
     before ended (its weights or a setting changed): that, not its inputs, is why it
-    recalled nothing. One in ``stale`` was handed rows under a version their Deferred no
-    longer holds (by persistent workers), which it recalls none of, and which its cache
-    warned of already: its misses say nothing of the inputs."""
+    recalled nothing. One whose epoch counted rows under a version their Deferred no longer
+    holds (``rows_outdated``, by persistent workers), which it recalls none of and its cache
+    warned of already, says nothing of the inputs by its misses. Only the training epoch's
+    own counts are read: validation inside it counts apart."""
     if not _rows_recur(trainer):
         return None
     never = [
         e.module
         for e in records
-        if e.rows.rows and e.rows.recalled == 0 and e.rows.computed and e.module not in stale
+        if e.rows.rows and e.rows.recalled == 0 and e.rows.computed and not e.rows.rows_outdated
     ]
     if not never:
         return None

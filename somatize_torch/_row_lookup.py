@@ -296,8 +296,7 @@ def _answer_outdated(self: CachedRows, x: DeferredRows) -> torch.Tensor:
     with torch.no_grad():  # as `_answer` runs the rows the cache computes
         out = self._uncached(x)
     with self._tiers_lock:
-        _count_batch(self, len(x), len(x), time.perf_counter() - began)
-        self.outdated_rows += len(x)
+        _count_batch(self, len(x), len(x), time.perf_counter() - began)["outdated"] += len(x)
     return out
 
 

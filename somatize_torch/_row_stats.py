@@ -32,7 +32,9 @@ class RowStats:
     store so far (:meth:`CachedRows.reset_stats` waits for the period's writes first);
     ``rows_unread`` counts rows the store had but could not hand over (damaged, gone
     since it was asked, or a read that failed), or could not say whether it had (its
-    lookup failed), computed again instead; ``ran_ahead`` counts rows of
+    lookup failed), computed again instead; ``rows_outdated`` counts rows handed out
+    under a version their ``Deferred`` no longer holds (by persistent DataLoader workers),
+    computed and neither recalled nor kept; ``ran_ahead`` counts rows of
     batches the module ran whole before their rows were named, on a CUDA device while the
     cache recalled nothing (those found known after all are counted as recalled too);
     ``lookup_s`` is the time spent keying rows and finding them (not
@@ -52,6 +54,7 @@ class RowStats:
     bytes_kept: int = 0
     rows_failed: int = 0
     rows_unread: int = 0
+    rows_outdated: int = 0
     ran_ahead: int = 0
     lookup_s: float = 0.0
     compute_s: float = 0.0
@@ -82,6 +85,7 @@ _COUNTED = (
     "pending",
     "store",
     "unread",
+    "outdated",
     "lookup_s",
     "compute_s",
     "ran_ahead",
@@ -138,6 +142,7 @@ def _stats_of(
         bytes_kept=int(kept[1]),
         rows_failed=int(kept[2]),
         rows_unread=int(c["unread"]),
+        rows_outdated=int(c["outdated"]),
         ran_ahead=int(c["ran_ahead"]),
         lookup_s=c["lookup_s"],
         compute_s=c["compute_s"],

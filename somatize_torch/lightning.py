@@ -264,10 +264,8 @@ class CacheFrozen(Callback):
         self._ended: dict[str, int] = {}
         self._train_epochs = 0
         self._warned = False
-        # Each cache's count of rows keyed anew, and of rows from an outdated Deferred,
-        # when the last training epoch ended.
+        # Each cache's count of rows keyed anew when the last training epoch ended.
         self._keyed_anew: dict[str, int] = {}
-        self._outdated_rows: dict[str, int] = {}
         self._prefills: list[PrefillJob] = []
         self._looked = True  # whether the stage under way looked at the modules again
         # What rows are keyed and counted as: stage (None between stages), loader.
@@ -825,12 +823,10 @@ class CacheFrozen(Callback):
         log_epoch(pl_module, trainer, "train", self._last("train"))
         self._train_epochs += 1
         keyed = {name: cached.keyed_anew for name, cached in self._cached.items()}
-        outdated = {name: cached.outdated_rows for name, cached in self._cached.items()}
         changed = grown(self._keyed_anew, keyed)
-        stale = grown(self._outdated_rows, outdated)
-        self._keyed_anew, self._outdated_rows = keyed, outdated
+        self._keyed_anew = keyed
         if self._train_epochs >= 2 and not self._warned:
-            never = never_hit(trainer, self._last("train"), changed, stale)
+            never = never_hit(trainer, self._last("train"), changed)
             if never is not None:
                 self._warned = True
                 warnings.warn(never, NeverHits, stacklevel=2)

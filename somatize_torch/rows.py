@@ -249,9 +249,6 @@ class CachedRows(nn.Module):
         # declaration changed (weights loaded, a setting written), so no row kept before
         # is recalled after.
         self.keyed_anew = 0
-        # How many rows came under a version their Deferred no longer holds, answered by
-        # the module alone: an epoch of them recalls nothing, and says nothing of the inputs.
-        self.outdated_rows = 0
         self._counts = dict.fromkeys(_COUNTED, 0.0)
         self._kept_base: Written = (0, 0, 0, 0.0)
         # Whether the last forward recalled nothing: then a batch on a CUDA device is run

@@ -1778,6 +1778,32 @@ def test_an_epoch_of_rows_from_an_outdated_deferred_does_not_warn_of_augmentatio
     assert epochs(callback, "train")[1].rows.computed == SAMPLES
 
 
+def test_outdated_rows_in_validation_leave_the_training_epochs_warning(tmp_path: Path) -> None:
+    """Validation inside the training epoch handed rows of an outdated Deferred does not
+    silence the warning that the training epochs, new every epoch, never hit."""
+    train = Deferred(*data(1), version="train@1")
+    val = Deferred(*data(2), version="val@1")
+    workers = torch.utils.data.DataLoader(
+        val, batch_size=16, num_workers=1, persistent_workers=True
+    )
+
+    class Renamed(Probe):
+        """Gives both Deferreds a new version at the second epoch's start."""
+
+        def on_train_epoch_start(self) -> None:
+            if self.current_epoch == 1:
+                train.version, val.version = "train@2", "val@2"
+
+    callback = CacheFrozen(None, ["encoder"], key="index")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fit = trainer(tmp_path, 2, callbacks=[callback])
+        fit.fit(Renamed(), torch.utils.data.DataLoader(train, batch_size=16), workers)
+    assert any("DataLoader again" in str(w.message) for w in seen)
+    assert len([w for w in seen if issubclass(w.category, NeverHits)]) == 1
+    assert [e.hit_rate for e in epochs(callback, "train")] == [0.0, 0.0]
+
+
 def test_no_warning_when_epochs_repeat(tmp_path: Path) -> None:
     """Clean inputs hit from epoch 2 on, and nothing warns."""
     callback = CacheFrozen(None, ["encoder"])
