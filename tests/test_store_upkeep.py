@@ -1267,12 +1267,13 @@ def test_a_stray_file_in_names_is_listed_not_damage(home: Store) -> None:
 
 def test_a_stray_file_in_answers_or_packs_is_listed_not_damage(home: Store) -> None:
     """Files in answers/ and packs/ named by no digest (a .DS_Store Finder left, an NFS
-    .nfs… file) are listed as stray by verify, not as damage it reports (and quarantines)
-    at every run; gc leaves them, and the answers beside them stay whole."""
+    .nfs… file), in a shard's folder or beside the shards, are listed as stray by verify,
+    not as damage it reports (and quarantines) at every run; gc leaves them, and the
+    answers beside them stay whole."""
     key = "blake3:" + "ab" * 32
     home.keep(key, b"kept whole", "plain")
     home.keep_many([(f"blake3:{i:064x}", [b"item"]) for i in range(3)], "plain")
-    strays = ["answers/ab/.DS_Store", "packs/.nfs0000000000a1b2c300000001"]
+    strays = ["answers/ab/.DS_Store", "answers/.DS_Store", "packs/.nfs0000000000a1b2c300000001"]
     for stray in strays:
         _plant(home, stray, b"\0\0\0\1Bud1")
     found = _reopen(home).verify(quarantine=True)

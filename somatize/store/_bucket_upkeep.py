@@ -54,6 +54,7 @@ from somatize.store._local_upkeep import (
 )
 from somatize.store._packed import hash_bytes
 from somatize.store.base import (
+    MARKER,
     MARKER_PART,
     PASSED_OVER,
     StoreError,
@@ -92,10 +93,19 @@ _DEPTHS = {"blobs": 1, "answers": 1, "packs": 0, "used": 0, "quarantine": 1}
 """How many folders down its section each file a bucket store writes lies
 (``answers/ab/<hex>``, ``packs/<hex>``); names lie at any depth. A file deeper is none of
 the store's: a store whose prefix lies inside this one's section (``…/answers/old``), or a
-user's folder under the prefix. A blob's folder may also hold a file at the top (a
-``.DS_Store``), listed as stray."""
+user's folder under the prefix. A blob's or answer's folder may also hold a file at the
+top (a ``.DS_Store``), listed as stray (:func:`_stray_shallow`)."""
 
 _HEX2 = re.compile(r"[0-9a-f]{2}/")
+
+
+def _stray_shallow(section: str, name: str, upkeep: bool) -> bool:
+    """Whether the file ``name`` of ``section`` lying above the depth the store writes its
+    files at (``answers/.DS_Store``, beside the shards) is listed: always in ``blobs/``; in
+    ``answers/`` only for upkeep, which lists it as stray as a local store's does, unless it
+    is the marker of a store whose prefix is that section (none of this one's). A reader's
+    listing leaves it out, since none of its names is a record's."""
+    return section == "blobs" or (upkeep and section == "answers" and name != MARKER)
 
 
 def _mtime(info: dict[str, Any]) -> float:
@@ -569,7 +579,11 @@ class BucketShelf(BucketRequests):
             name = path.lstrip("/")[len(base) :]
             if depth is not None and name.count("/") > depth:
                 continue  # another store's, inside this one's section, or a user's folder
-            if depth is not None and section != "blobs" and name.count("/") < depth:
+            if (
+                depth is not None
+                and name.count("/") < depth
+                and not _stray_shallow(section, name, upkeep)
+            ):
                 continue
             if section in _SHARDED and "/" in name and not _HEX2.fullmatch(name[:3]):
                 continue  # a folder no digest's first two name: another store's section
