@@ -19,7 +19,6 @@ so their inputs stop coming with the samples.
 
 from __future__ import annotations
 
-import errno
 import logging
 import threading
 import time
@@ -32,6 +31,7 @@ import torch
 
 from somatize.engine import Drifted
 from somatize.errors import SomatizeWarning
+from somatize.store._local_files import OUT_OF_FILES
 from somatize.store.base import Corrupt, Missing, StoreError
 from somatize_torch._errors import (
     JIT_TRACE,
@@ -577,7 +577,7 @@ def _out_of_files(why: BaseException) -> bool:
     """Whether ``why`` comes of this process having as many files open as it may: no
     damage for `verify` to look for."""
     cause = why.__cause__
-    return isinstance(cause, OSError) and cause.errno in (errno.EMFILE, errno.ENFILE)
+    return isinstance(cause, OSError) and cause.errno in OUT_OF_FILES
 
 
 def _drifted(self: CachedRows, was: str | None) -> None:

@@ -101,7 +101,7 @@ _READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 """What the filesystem says when this process may not change the store (a read-only disk,
 another user's files)."""
 
-_OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
+OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
 """Why a file could not be opened when this process (or the system) has as many open as it
 may: no fault of the store's."""
 
@@ -508,7 +508,7 @@ class LocalFiles(PackedHome):
             )
         if why.errno == errno.EXDEV:
             return StoreError(f"could not write {where} into {self.root}: {ONE_FILESYSTEM}")
-        if why.errno in _OUT_OF_FILES:
+        if why.errno in OUT_OF_FILES:
             return StoreError(
                 f"could not write {where} into {self.root} ({why.strerror}): {_CLOSE_FILES}. "
                 "Nothing half-written was left and the store is as it was"
@@ -894,7 +894,7 @@ class LocalFiles(PackedHome):
             " Run this as a user who may read every file of the store"
             if isinstance(why, PermissionError)
             else f" {_CLOSE_FILES[0].upper()}{_CLOSE_FILES[1:]}"
-            if why.errno in _OUT_OF_FILES
+            if why.errno in OUT_OF_FILES
             else ""
         )
         return StoreError(

@@ -528,10 +528,7 @@ def _refuse_asynchronous(url: str, storage_options: Mapping[str, Any]) -> None:
     filesystem cannot give: every request would fail with fsspec's "Loop is not running"."""
     # fsspec hands each layer the options given by its protocol, the first layer too
     # (`s3={...}` for `s3://`), and the first the options given bare besides.
-    layers = [
-        storage_options,
-        *(storage_options.get(layer.split("://", 1)[0]) for layer in url.split("::")),
-    ]
+    layers = [storage_options, *(storage_options.get(p) for p in _protocols_of(url))]
     if any(isinstance(options, Mapping) and options.get("asynchronous") for options in layers):
         raise BadAddress(
             f"{url} is opened with asynchronous=True, but a store makes its requests and "
