@@ -320,6 +320,12 @@ def _one_batch(module: torch.nn.Module, x: Any) -> str:
         )
     if isinstance(x, torch.Tensor) and x.is_nested:
         return ": pad it into one batch tensor, `batch.to_padded_tensor(0)`"
+    if _unstacked_samples(x):
+        return (
+            " of sequences of varying length, one sample each: pad them into one batch "
+            "tensor, `torch.nn.utils.rnn.pad_sequence(batch, batch_first=True)`. Padded to "
+            "a fixed length, a sample is the same row every epoch, and is recalled"
+        )
     found = _tensors_in(x)
     if not found:
         return ""
@@ -337,6 +343,17 @@ def _one_batch(module: torch.nn.Module, x: Any) -> str:
         f"reads from it {_MADE_INSIDE}, or stack them into one batch {_STACKED}; or cache "
         "the module per batch (`somatize.torch.wrap(module, frozen=True, cached=True)`)"
     )
+
+
+def _unstacked_samples(x: Any) -> bool:
+    """Whether ``x`` is a list or plain tuple of tensors of varying length, which a
+    collate left unstacked: the parts of one batch (ids and a mask) share its rows, so
+    tensors differing in their first dimension are samples."""
+    if not isinstance(x, (list, tuple)) or hasattr(x, "_fields") or len(x) < 2:
+        return False
+    if not all(isinstance(item, torch.Tensor) and item.dim() > 0 for item in x):
+        return False
+    return len({item.shape[0] for item in x}) > 1
 
 
 def _tensors_in(x: Any) -> list[tuple[str, str, bool]]:

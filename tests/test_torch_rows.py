@@ -1508,6 +1508,23 @@ def test_a_batch_of_sequences_of_varying_length_is_refused_saying_how_to_pad_it(
     cached.close()
 
 
+@pytest.mark.parametrize("make", [list, tuple])
+def test_samples_of_varying_length_left_unstacked_are_refused_saying_to_pad_them(
+    store: Store, make: Callable[[list[torch.Tensor]], Any]
+) -> None:
+    """A collate that leaves a batch's sequences of varying length unstacked (a list of
+    its samples, or the tuple `zip` makes) is refused saying to pad them into one batch
+    tensor; it said to hand the first tensor alone, which is one sample, not a batch."""
+    rows = [torch.randn(n, 4) for n in (3, 5, 2)]
+    cached = cache_rows(nn.Linear(4, 2), store)
+    with pytest.raises(
+        NotRowwise, match=r"pad them.*\.pad_sequence\(batch, batch_first=True\)`"
+    ) as why:
+        cached(make(rows))
+    assert "cached(batch[0])" not in str(why.value)
+    cached.close()
+
+
 def test_numpy_arrays_are_refused_saying_to_hand_torch_from_numpy(store: Store) -> None:
     """A batch of numpy arrays (a Ray Data batch, a dict of columns), one array, or
     indices as an array are refused naming `torch.from_numpy` of the array to hand; the
