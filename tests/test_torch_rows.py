@@ -2649,6 +2649,26 @@ def test_an_answer_that_records_a_gradient_is_refused_and_kept_nowhere() -> None
     assert cached.tiers[0].rows == 0 and cached.stats.rows == 0
 
 
+class _Samples(IterableDataset):  # type: ignore[type-arg]
+    """A stream of samples of 8 features each, as a shard reader yields them."""
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        yield from torch.randn(3, 8)
+
+
+def test_samples_handed_one_at_a_time_are_refused_saying_to_batch_them() -> None:
+    """A loader of `batch_size=None` hands the cache one sample, whose features it takes
+    for rows of one value each: refused saying so and how to batch the samples, where it
+    said only to cache the module per batch."""
+    cached = cache_rows(nn.Linear(8, 4))
+    sample = next(iter(DataLoader(_Samples(), batch_size=None)))
+    with pytest.raises(
+        NotRowwise, match=r"8 rows of one value each.*batch_size=None.*batch_size=64"
+    ):
+        cached(sample)
+    assert cached(sample.unsqueeze(0)).shape == (1, 4)
+
+
 def test_an_output_that_is_not_one_row_per_input_row_is_refused(store: Store) -> None:
     """A module that does not answer row by row is refused with what it returned, and one
     whose rows a store cannot keep (quantized, sparse) when it runs, not when a write
