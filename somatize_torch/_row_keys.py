@@ -659,7 +659,8 @@ def _row_ids(
         or index.dtype == torch.bool  # True would name sample 1: a mask is no index
     ):
         raise NeedsIndex(
-            f"index= is a 1-d integer tensor of sample indices, one per row; got {_describe(index)}"
+            "index= is a 1-d integer tensor of sample indices, one per row; got "
+            f"{_describe(index)}{_index_from(index)}"
         )
     if index.shape[0] != x.shape[0]:
         raise NeedsIndex(
@@ -676,6 +677,23 @@ def _row_ids(
     if len(set(ids)) < len(ids):
         _check_repeats(x, ids)
     return ids
+
+
+def _index_from(index: Any) -> str:
+    """How to make an index= tensor of ``index``, a list or tuple: of integers, a tensor of
+    them; of names (the string keys a webdataset's samples carry), none, since a name is no
+    place in a dataset. Empty for anything else."""
+    if not isinstance(index, (list, tuple)) or not index:
+        return ""
+    if all(isinstance(i, int) and not isinstance(i, bool) for i in index):
+        return " of integers: hand `torch.tensor(index)`"
+    if any(isinstance(i, str) for i in index):
+        return (
+            " of names: a sample's name (a webdataset's `__key__`) is no place in a dataset. "
+            "Hand each sample's place in it, or key rows by content (`key='content'`, the "
+            "default)"
+        )
+    return ""
 
 
 def _check_repeats(x: torch.Tensor, ids: list[Any]) -> None:

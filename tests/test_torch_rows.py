@@ -2031,6 +2031,23 @@ def test_indices_that_hold_no_values_to_read_are_refused_saying_so(where: str) -
     assert cached.stats.rows == 0
 
 
+@pytest.mark.parametrize(
+    ("index", "said"),
+    [
+        ([0, 1, 2, 3], r"of integers: hand `torch\.tensor\(index\)`"),
+        (["s0000", "s0001", "s0002", "s0003"], r"of names: .*`__key__`.* key rows by content"),
+    ],
+)
+def test_indices_in_a_list_are_refused_saying_what_to_hand(index: list[Any], said: str) -> None:
+    """A list of sample indices (a collate of its own leaving them so) is refused saying
+    to make it a tensor, and a list of sample names (a webdataset's string keys) saying
+    that names are no indices: both were refused only as a `list`."""
+    cached = cache_rows(encoder(), key="index", version="sms/train@1")
+    with pytest.raises(NeedsIndex, match=rf"1-d integer tensor .* got a `list` {said}"):
+        cached(images(4), index=index)
+    assert cached.stats.rows == 0
+
+
 def test_how_rows_are_keyed_is_fixed_when_the_cache_is_made(store: Store) -> None:
     """A salt or a key mode written after rows were keyed would be ignored by the keyings
     made already (a salt never changed a row's key) or would mix the keys (rows keyed by
