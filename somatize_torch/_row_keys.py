@@ -412,6 +412,14 @@ def _version_moved(self: CachedRows, was: str | None) -> None:
     dataset = None if lent is None else _KNOWN.get(lent)
     if dataset is not None:
         dataset._moved()
+    # The samples answered under the version before are not under this one: their inputs
+    # come with them again from now on, rather than be loaded by the loop; those of a
+    # Deferred keyed under this one before (a stage switched back to) are answered again.
+    now = None if self.version is None else self._lent_to.get(self.version)
+    for source in (lent, now):
+        held = None if source is None else _KNOWN.get(source)
+        if held is not None:
+            held.marks_under(self.version)
 
 
 def given_holds(self: CachedRows, x: DeferredRows, version: str | None) -> bool:

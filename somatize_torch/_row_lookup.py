@@ -114,8 +114,10 @@ def _recall_or_run(
     if isinstance(x, torch.Tensor) and x.requires_grad and _check_records_none(self, x, keying):
         return self._uncached(x)
     tag = keying.tag
-    if isinstance(x, DeferredRows) and self.store is not None:
-        _seed(self, x, keying)
+    if isinstance(x, DeferredRows):
+        x.dataset().marks_under(keying.version)  # before the store is looked up for them
+        if self.store is not None:
+            _seed(self, x, keying)
     ran_s = 0.0  # the module's time on this batch
     ahead: torch.Tensor | None = None  # the whole batch's answer, run before it was named
     queued = _queue_names(x) if self._cold and self.key_mode == "content" else None
@@ -244,7 +246,9 @@ def _recall_or_run(
     # Rows all computed now are the module's own as they are; any recalled are laid out.
     out = _assemble(pieces, count, x.device, {} if len(positions) == count else orders)
     if isinstance(x, DeferredRows):
-        x.answered(_held(self, near, positions))  # their inputs need not come any more
+        x.answered(
+            _held(self, near, positions), keying.version
+        )  # their inputs need not come any more
     with self._tiers_lock:
         into = _count_batch(self, count, len(positions), computed)
         for name, rows_of in counts.items():
@@ -408,7 +412,7 @@ def _seed_from_store(self: CachedRows, dataset: Deferred, keying: _Keying) -> No
                 present = store.have(keys)
             if not present:
                 return  # a store without these (a first run): the rest is not looked up
-            dataset.answered[[keys[key] for key in present]] = True
+            dataset.mark_answered([keys[key] for key in present], keying.version)
     except Exception as error:  # a hint: a sample left unmarked is only loaded
         log.debug("the store was not looked up for answered samples: %s", error)
 

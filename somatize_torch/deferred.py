@@ -28,7 +28,9 @@ of each batch it answers, and, the first time it meets a dataset, the samples
 whose rows its store already has (on another thread), so a run over rows an
 earlier run kept loads little more than its first batches. It is a hint, never a
 key: a cache that lacks a row whose input did not come (another module, other
-weights) loads that input itself, on the loop's thread.
+weights) loads that input itself, on the loop's thread. The marks are those of the
+version rows are keyed under now: a cache given a new version marks none answered
+(:meth:`Deferred.marks_under`).
 
 A row is keyed by its index within the dataset's ``version`` — the Deferred's
 own, or else the cache's ``version=``. The version is a promise that the same
@@ -80,6 +82,10 @@ class NotLoadable(SomatizeError, ValueError):
     input that is not one row like the others."""
 
 
+_MARKS_KEPT = 8
+"""How many versions' marks of answered samples a :class:`Deferred` keeps beside the
+ones it holds: a few stages' versions, each a bool per sample."""
+
 _KNOWN: weakref.WeakValueDictionary[str, Deferred] = weakref.WeakValueDictionary()
 """Every :class:`Deferred` of this process by its name, so a batch made in a DataLoader
 worker finds its dataset in the process that uses it."""
@@ -116,6 +122,7 @@ class Deferred(Dataset[Any]):
         # workers, for which inputs to load with the sample (where workers load them).
         answered = torch.zeros(count, dtype=torch.bool)
         self.answered = answered.share_memory_()  # type: ignore[no-untyped-call]
+        self._marks_unkept()
         _KNOWN[self.name] = self
 
     @property
@@ -133,9 +140,10 @@ class Deferred(Dataset[Any]):
                 f"version= names this dataset's content (its digest, say), as a string; got "
                 f"{value!r}"
             )
-        if value != getattr(self, "_version", value):
-            self._forget_answered()  # its rows were answered under the version before
+        was = getattr(self, "_version", value)
         self._version: str | None = value
+        if value != was:
+            self._forget_answered()  # its rows were answered under the version before
 
     @property
     def inputs(self) -> Any:
@@ -169,12 +177,44 @@ class Deferred(Dataset[Any]):
 
     def _forget_answered(self) -> None:
         """Marks no sample answered (in place: workers share the flags), so workers load
-        their inputs with them again: the rows answered were of other data. (Not where the
-        cache lending its version is given another: Lightning's callback switches it at
-        every stage, and back.)"""
+        their inputs with them again: the rows answered were of other data. (Where the cache
+        lending its version is given another, :meth:`marks_under` holds that one's.)"""
         answered = getattr(self, "answered", None)  # none yet while it is made
         if answered is not None:
             answered.fill_(False)
+            self._marks_unkept()
+
+    def _marks_unkept(self) -> None:
+        """Holds no marks of another version: those held were of other data, or there are none."""
+        self._marks_of: str | None = self.version
+        self._marks_kept: dict[str | None, torch.Tensor] = {}
+
+    def marks_under(self, version: str | None) -> None:
+        """Has :attr:`answered` hold the samples answered under ``version``, the one rows
+        are keyed under now: those answered under another are not answered under this one
+        (the data may have changed in place), so their inputs come with them again. The
+        marks of the version before are kept, found again if rows are keyed under it again
+        (Lightning's callback switches the cache's version at every stage, and back). The
+        marks change in place: DataLoader workers share them."""
+        if version == self._marks_of:
+            return
+        kept = self._marks_kept
+        kept[self._marks_of] = self.answered.clone()
+        while len(kept) > _MARKS_KEPT:
+            del kept[next(iter(kept))]  # the oldest: a version not keyed under for long
+        back = kept.pop(version, None)
+        if back is None:
+            self.answered.fill_(False)
+        else:
+            self.answered.copy_(back)
+        self._marks_of = version
+
+    def mark_answered(self, indices: Any, version: str | None) -> None:
+        """Marks samples ``indices`` answered by rows keyed under ``version``: only where the
+        marks held are that version's (another thread may have keyed rows under another
+        since)."""
+        if version == self._marks_of:
+            self.answered[indices] = True
 
     def __len__(self) -> int:
         return self._count
@@ -222,6 +262,8 @@ class Deferred(Dataset[Any]):
         if "inputs" in state:  # saved before its inputs could be given anew
             state = {**state, "_inputs": state["inputs"], "generation": 0, "_inputs_from": 0}
             del state["inputs"]
+        if "_marks_of" not in state:  # saved before marks followed a version
+            state = {**state, "_marks_of": state.get("_version"), "_marks_kept": {}}
         self.__dict__.update(state)
         # A copy in a spawned DataLoader worker takes the name its batches travel under.
         if _KNOWN.setdefault(self.name, self) is not self:
@@ -231,6 +273,7 @@ class Deferred(Dataset[Any]):
             self.name = secrets.token_hex(8)
             answered = torch.zeros(self._count, dtype=torch.bool)
             self.answered = answered.share_memory_()  # type: ignore[no-untyped-call]
+            self._marks_unkept()
             _KNOWN[self.name] = self
 
     def __copy__(self) -> Deferred:
@@ -484,13 +527,13 @@ class DeferredRows:
                 batch[rest] = loaded.to(batch.device)
         return batch.to(self.device) if batch.device != self.device else batch
 
-    def answered(self, positions: Sequence[int] | None = None) -> None:
-        """Notes that a cache has answered these rows (those at ``positions``; None: all),
-        so their inputs are not loaded with the samples from now on (where a worker would
-        load them for nothing)."""
+    def answered(self, positions: Sequence[int] | None, version: str | None) -> None:
+        """Notes that a cache has answered these rows (those at ``positions``; None: all)
+        under ``version``, so their inputs are not loaded with the samples from now on
+        (where a worker would load them for nothing) while rows are keyed under it."""
         index = self.index if positions is None else self.index[list(positions)]
         if not self.outdated():  # else answered for inputs it no longer holds
-            self.dataset().answered[index] = True
+            self.dataset().mark_answered(index, version)
 
     def _indices(self, positions: Sequence[int]) -> list[int]:
         every: list[int] = self.index.tolist()

@@ -1022,3 +1022,32 @@ def test_a_deferred_saved_before_its_inputs_could_be_given_anew_loads() -> None:
     loaded.__setstate__(saved)
     assert loaded.inputs is images and loaded.generation == 0
     assert torch.equal(loaded[2].value, images[2])
+
+
+def test_samples_answered_under_the_caches_old_version_come_with_their_inputs_again(
+    tmp_path: Path,
+) -> None:
+    """A Deferred without a version of its own whose cache is given a new one (its data
+    changed in place): its samples answered under the old version are not answered under
+    the new, so their inputs come with them again, loaded with the samples rather than
+    one by one by the loop. A stage's version in between leaves them answered, and
+    keying under the old version again finds them answered."""
+    x = images(19, 16)
+    inputs = Counted(x)
+    data = Deferred(inputs)
+    cached = cache_rows(encoder(), tmp_path, key="index", version="data@1")
+    with torch.no_grad():
+        for rows in batches(data, size=4):
+            cached(rows)
+        cached.version = "data@1|validate"  # a stage of its own, and back
+        cached.version = "data@1"
+        assert bool(data.answered.all())
+        x.mul_(2)  # the data changed in place
+        cached.version = "data@2"
+        loaded = len(inputs.loaded)
+        for rows in batches(data, size=4):
+            assert len(rows.given_at) == 4
+            assert torch.equal(cached(rows), cached.module(x[rows.index]))
+        assert len(inputs.loaded) == loaded + 16 and bool(data.answered.all())
+        cached.version = "data@1"
+        assert bool(data.answered.all())
