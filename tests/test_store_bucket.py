@@ -1095,6 +1095,42 @@ def test_a_read_a_web_server_forbids_is_said_so_and_leaves_the_store_writable(
         assert store.writable() is True
 
 
+@pytest.mark.parametrize("status", [HTTPStatus.BAD_REQUEST, HTTPStatus.GONE])
+def test_a_read_a_web_server_refuses_otherwise_is_a_store_error_naming_the_status(
+    tmp_path: Path, status: HTTPStatus
+) -> None:
+    """A blob a web server refuses to be read with a status other than those of a missing
+    file or forbidden credentials (400, 410): it was aiohttp's bare ClientResponseError. It
+    is a StoreError naming the server, the status and what was being read."""
+    kept = Store(tmp_path).put(b"served")
+    with served_over_http(tmp_path, forbidden_reads=("/blobs/",), read_status=status) as url:
+        store = Store.on_bucket(url, read_only=True, retries=2, backoff=0)
+        with pytest.raises(StoreError, match=r"reading blob .* refused by the server") as said:
+            store.get(kept)
+        assert url in str(said.value) and f"({status.value} " in str(said.value)
+
+
+@pytest.mark.parametrize(
+    "status", [HTTPStatus.SERVICE_UNAVAILABLE, HTTPStatus.TOO_MANY_REQUESTS, HTTPStatus.BAD_GATEWAY]
+)
+def test_a_web_server_busy_or_failing_is_asked_again(tmp_path: Path, status: HTTPStatus) -> None:
+    """A web server answering a read 503, 429 or 502 is asked again, as a bucket store asks
+    again after any transient failure: answering twice so, then the blob, it is read. One
+    answering so every time fails as a StoreError naming the status and how often it was
+    asked; it was aiohttp's bare ClientResponseError, asked once."""
+    kept = Store(tmp_path).put(b"served")
+    blobs = ("/blobs/",)
+    with served_over_http(tmp_path, forbidden_reads=blobs, read_status=status, refusals=2) as url:
+        store = Store.on_bucket(url, read_only=True, retries=2, backoff=0)
+        assert bytes(store.get(kept)) == b"served"
+    with served_over_http(tmp_path, forbidden_reads=blobs, read_status=status) as url:
+        store = Store.on_bucket(url, read_only=True, retries=1, backoff=0)
+        with pytest.raises(
+            StoreError, match=rf"failed 2 times: the server answered {status.value}"
+        ):
+            store.get(kept)
+
+
 def test_a_large_blob_on_a_web_server_taking_no_writes_is_refused_as_a_small_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

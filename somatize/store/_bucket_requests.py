@@ -118,6 +118,9 @@ def _transient(error: BaseException) -> bool:
     """Whether ``error`` may go away if the request is made again."""
     if isinstance(error, _DEFINITE) or _refused(error):
         return False
+    said = _server_said(error, raised_from=False)  # not one a store's error was raised from
+    if said is not None:
+        return _busy_or_failing(said[0])
     if isinstance(error, (OSError, ConnectionError, TimeoutError)):
         return True
     # What s3fs retries itself, which a bucket store has it make once (see
@@ -167,15 +170,28 @@ _FORBIDDEN = {401, 403}
 may not make: unauthorized, forbidden. Asking again with them will not change it."""
 
 
-def _server_said(error: BaseException) -> tuple[int, str] | None:
+def _server_said(error: BaseException, *, raised_from: bool = True) -> tuple[int, str] | None:
     """The status and what a web server said where ``error`` is its answer (aiohttp's
-    ``ClientResponseError``, as fsspec's http filesystem raises it), or was raised from it
-    (as :meth:`BucketRequests._call` raises a refusal); None for any other failure."""
-    for said in (error, error.__cause__):
+    ``ClientResponseError``, as fsspec's http filesystem raises it), or, if ``raised_from``,
+    was raised from it (as :meth:`BucketRequests._call` raises a refusal); None for any
+    other failure."""
+    for said in (error, error.__cause__) if raised_from else (error,):
         status = getattr(said, "status", None)
         if type(said).__module__.startswith("aiohttp") and isinstance(status, int):
             return status, f"{status} {getattr(said, 'message', '')}".strip()
     return None
+
+
+_BUSY = {408, 429}
+"""The HTTP statuses below 500 a web server answers with that asking later may change:
+request timeout, too many requests."""
+
+
+def _busy_or_failing(status: int) -> bool:
+    """Whether a web server answering ``status`` may answer otherwise if asked again: it is
+    busy or failing (:data:`_BUSY`, a 5xx), not refusing the request as it was made (a 4xx,
+    or a 5xx of :data:`_NO_WRITES`)."""
+    return status in _BUSY or (status >= 500 and status not in _NO_WRITES)
 
 
 def _refused_writing(error: BaseException) -> tuple[int, str] | None:
@@ -466,9 +482,9 @@ class BucketRequests(PackedHome):
                             f"{what} on {self.url} was refused ({why}): check the credentials "
                             "and the bucket's permissions"
                         ) from why
-                    forbidden = self._forbidden(what, why)
-                    if forbidden is not None:
-                        raise forbidden from why
+                    refused = self._forbidden(what, why) or self._server_refused(what, why)
+                    if refused is not None:
+                        raise refused from why
                     if _refused(why):
                         raise StoreError(
                             f"{what} on {self.url} was refused ({why}), which asking again "
@@ -477,6 +493,9 @@ class BucketRequests(PackedHome):
                         ) from why
                     raise
                 if attempt == self.retries:
+                    failing = self._server_failing(what, why, attempt + 1)
+                    if failing is not None:
+                        raise failing from why
                     raise StoreError(
                         f"{what} on {self.url} failed {attempt + 1} times ({type(why).__name__}: "
                         f"{why}); the bucket seems unreachable — nothing half-written is "
@@ -498,6 +517,30 @@ class BucketRequests(PackedHome):
             "(or none) may not do that there. Check the credentials the store is opened with "
             "(storage options such as `headers=` or `client_kwargs={'auth': ...}`) and the "
             "server's permissions"
+        )
+
+    def _server_refused(self, what: str, why: BaseException) -> StoreError | None:
+        """The error for a request a web server refused as it was made (a status other
+        than those :meth:`_forbidden` and :meth:`_server_failing` say); None for any other
+        failure, and for fsspec's FileNotFoundError raised from a 404: a file not there."""
+        said = _server_said(why, raised_from=False)
+        if said is None:
+            return None
+        return StoreError(
+            f"{what} on {self.url} was refused by the server ({said[1]}), which asking again "
+            "will not change: check the URL, and the server's log for why it refused"
+        )
+
+    def _server_failing(self, what: str, why: BaseException, tries: int) -> StoreError | None:
+        """The error for a request a web server kept answering busy or failing (a 5xx, a
+        429) ``tries`` times; None for any other failure."""
+        said = _server_said(why, raised_from=False)
+        if said is None:
+            return None
+        return StoreError(
+            f"{what} on {self.url} failed {tries} times: the server answered {said[1]}, busy "
+            "or failing. Nothing half-written is visible; try again later (or open the store "
+            "with more `retries=`), or check the server"
         )
 
     def _not_done(self, what: str, why: NotImplementedError) -> StoreError:
@@ -850,10 +893,19 @@ class BucketRequests(PackedHome):
                 elif isinstance(value, BaseException) and _transient(value):
                     retry.append(path)
                 elif isinstance(value, BaseException):
-                    raise StoreError(f"reading {path} from {self.url} failed: {value}") from value
+                    what = f"reading {path}"
+                    refused = self._forbidden(what, value) or self._server_refused(what, value)
+                    if refused is not None:
+                        raise refused from value
+                    raise StoreError(f"{what} from {self.url} failed: {value}") from value
                 else:
                     out[path] = None
             if retry and attempt == self.retries:
+                value = got[retry[0]]
+                assert isinstance(value, BaseException)
+                failing = self._server_failing(f"reading {retry[0]}", value, attempt + 1)
+                if failing is not None:
+                    raise failing from value
                 raise StoreError(
                     f"reading {len(retry)} files from {self.url} kept failing; the bucket "
                     "seems unreachable — try again later or check the endpoint"
