@@ -1960,3 +1960,30 @@ def test_a_record_kept_elsewhere_during_a_lookup_is_found_by_the_next(
     assert looking.have([key_of(1), key_of(2), key_of(3)]) <= {key_of(1), key_of(2)}
     assert kept == [key_of(2)]
     assert looking.have([key_of(1), key_of(2), key_of(3)]) == {key_of(1), key_of(2)}
+
+
+def test_a_folder_opened_as_a_file_url_lists_the_strays_a_local_store_lists(
+    tmp_path: Path,
+) -> None:
+    """Files at a depth the store writes none at (``answers/ab/cd/x``, a folder no shard
+    names, a store's copy inside ``answers/``): a local store's verify lists each as stray,
+    and the same folder opened as ``file://`` listed none of those deeper than a shard's
+    file. Both list the same, and gc leaves the stray records to both."""
+    local = LocalStore(tmp_path / "store")
+    key = "blake3:" + "ab" * 32
+    local.keep(key, b"kept whole", "plain")
+    strays = [
+        "answers/.DS_Store",
+        "answers/ab/cd/deep",
+        "answers/zz/not-a-shard",
+        "answers/old/ab/" + "cd" * 32,
+        "packs/old/" + "ef" * 32,
+    ]
+    for stray in strays:
+        _plant(local, stray, b"junk")
+    on_file = Store.on_bucket(f"file://{local.root}", retries=0)
+    for store in (local, on_file):
+        found = store.verify()
+        assert found.ok and sorted(found.stray) == sorted(strays), store
+    on_file.gc(10**9, grace=0)
+    assert sorted(LocalStore(local.root).verify().stray) == sorted(strays)

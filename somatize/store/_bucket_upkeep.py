@@ -550,9 +550,15 @@ class BucketShelf(BucketRequests):
     def _listed(self, section: str, *, upkeep: bool = False) -> dict[str, dict[str, Any]]:
         """Name in ``section`` → info of each file listed there at the depth the store
         writes its files (see :data:`_DEPTHS`); one fresh listing, for ``upkeep`` refusing
-        a link there that leads nowhere."""
+        a link there that leads nowhere. Upkeep on a plain filesystem (``file://``) lists
+        what lies deeper in ``answers/`` and ``packs/`` too, as a local store's does of the
+        same folder (as stray): a directory, not a prefix under which the rest is a user's."""
         base = f"{self.root}/{section}/".lstrip("/")
         depth = _DEPTHS.get(section)
+        # Every file of a section a local store's upkeep lists whole, as it lists them: of
+        # answers/ and packs/, whose strays gc leaves and where another store's folder is
+        # told apart (`upkeep._stores_among`); not of blobs/, whose strays gc removes.
+        whole = upkeep and not self._atomic and section in ("answers", "packs")
         home = "" if self._atomic else os.path.realpath(self.fs._strip_protocol(self.root))
         looping: dict[str, str] = {}
 
@@ -567,6 +573,8 @@ class BucketShelf(BucketRequests):
                 return not holding_the_store(home, at, looping, folder)
             if depth is None:
                 return True
+            if whole and _within(os.path.realpath(os.path.join(home, section, folder)), (home,)):
+                return True  # not where a link leads out of the store: a local store's walk
             sharded = section not in _SHARDED or _HEX2.fullmatch(f"{folder}/") is not None
             return folder.count("/") < depth and sharded
 
@@ -577,7 +585,7 @@ class BucketShelf(BucketRequests):
                 return out
         for path, info in self._list(section, walked, upkeep=upkeep).items():
             name = path.lstrip("/")[len(base) :]
-            if depth is not None and name.count("/") > depth:
+            if depth is not None and name.count("/") > depth and not whole:
                 continue  # another store's, inside this one's section, or a user's folder
             if (
                 depth is not None
@@ -585,7 +593,7 @@ class BucketShelf(BucketRequests):
                 and not _stray_shallow(section, name, upkeep)
             ):
                 continue
-            if section in _SHARDED and "/" in name and not _HEX2.fullmatch(name[:3]):
+            if section in _SHARDED and "/" in name and not _HEX2.fullmatch(name[:3]) and not whole:
                 continue  # a folder no digest's first two name: another store's section
             out[name] = info
         return out
