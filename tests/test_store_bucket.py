@@ -10,6 +10,7 @@ import dataclasses
 import errno
 import io
 import json
+import logging
 import os
 import pickle
 import re
@@ -1605,6 +1606,24 @@ def test_an_endpoint_from_the_environment_holding_a_password_for_a_signing_clien
         Store.on_bucket(f"simplecache::{s3_url()}", s3={"key": "x", "secret": "x"}, retries=0)
     store = Store.on_bucket(s3_url(), anon=True, retries=0)  # the server may take it alone
     assert isinstance(store, BucketStore)
+
+
+def test_a_password_in_an_endpoint_is_in_no_record_the_s3_client_logs(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A store whose endpoint holds a user and password (opened ``anon=True``, the server
+    taking the password alone), with DEBUG logging on: aiobotocore's and botocore's own
+    records named the endpoint, password and all (the parameters of each request). They
+    show it masked, as the store's own messages do."""
+    endpoint = s3_options()["client_kwargs"]["endpoint_url"]
+    credentialed = endpoint.replace("http://", f"http://user:{PASSWORD}@")
+    caplog.set_level(logging.DEBUG)
+    store = Store.on_bucket(s3_url(), anon=True, client_kwargs={"endpoint_url": credentialed})
+    assert bytes(store.get(store.put(b"logged"))) == b"logged"
+    client = [r for r in caplog.records if r.name.startswith(("botocore", "aiobotocore"))]
+    assert any("user:***@127.0.0.1" in record.getMessage() for record in client)
+    assert not any(PASSWORD in record.getMessage() for record in caplog.records)
+    assert PASSWORD not in caplog.text
 
 
 def test_a_password_in_a_store_s_own_url_is_in_no_error_and_not_in_its_repr() -> None:

@@ -17,7 +17,9 @@ A copy in this process (``copy.deepcopy``: an EMA of a model) keeps them, and so
 
 from __future__ import annotations
 
+import logging
 import re
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -64,6 +66,52 @@ def masked(text: str) -> str:
     given as ``http://user:password@host:9000``, and what names it (an error, a log, the
     file binding a cache folder) is shown, kept and shared."""
     return _PASSWORD_IN_URL.sub(r"\1:***@", text)
+
+
+_LOGGING_LIBRARIES = frozenset(
+    {"botocore", "aiobotocore", "s3fs", "fsspec", "aiohttp", "urllib3", "gcsfs", "adlfs", "azure"}
+)
+"""The libraries a bucket is reached through whose records may name an endpoint, password
+and all (aiobotocore's and botocore's DEBUG records show the endpoint of each request)."""
+
+_masking_logs = threading.Lock()
+_masks_logs = False
+
+
+def mask_passwords_in_logs() -> None:
+    """Has each record the libraries of :data:`_LOGGING_LIBRARIES` log show the password of
+    each URL in it as ``***`` (:func:`masked`), from now on in this process: a store opened
+    with a password in its endpoint masks it in what it says, and a user who turns DEBUG
+    logging on would see it in theirs. It is done where records are made (the record
+    factory, the one before it kept), since a filter on a logger does not see its
+    children's records (``botocore.endpoint``); only records of those loggers are touched,
+    and only made at all where their level is on."""
+    global _masks_logs
+    with _masking_logs:
+        if _masks_logs:
+            return
+        made = logging.getLogRecordFactory()
+
+        def record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            out = made(*args, **kwargs)
+            if str(out.name).split(".", 1)[0] in _LOGGING_LIBRARIES:
+                _mask_record(out)
+            return out
+
+        logging.setLogRecordFactory(record)
+        _masks_logs = True
+
+
+def _mask_record(record: logging.LogRecord) -> None:
+    """``record`` with the password of each URL its message holds masked: the message is
+    formatted here where it holds one (its arguments may be the dict of a request)."""
+    try:
+        message = record.getMessage()
+    except Exception:
+        return  # formatting fails where a handler formats it, as it would have
+    shown = masked(message)
+    if shown != message:
+        record.msg, record.args = shown, None
 
 
 def without_passwords(error: BaseException) -> BaseException:

@@ -57,7 +57,14 @@ from somatize import canonical
 from somatize._numbers import finite
 from somatize.store._bucket_requests import _ABSENT, BucketNotes, _open_file, _under_copies
 from somatize.store._bucket_upkeep import BucketShelf, version_of
-from somatize.store._credentials import guarded, held_url, kind_given, masked, plain
+from somatize.store._credentials import (
+    guarded,
+    held_url,
+    kind_given,
+    mask_passwords_in_logs,
+    masked,
+    plain,
+)
 from somatize.store._local_files import open_file
 from somatize.store._packed import Claims, digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
@@ -380,6 +387,13 @@ def _check_endpoint(options: Mapping[str, Any], under: str = "") -> None:
                 "`https://s3.example.com`"
             )
         _refuse_password(option, value, options)
+
+
+def _names_a_password(url: str, storage_options: Mapping[str, Any]) -> bool:
+    """Whether a store's URL, its options (an endpoint given in ``client_kwargs``) or the
+    endpoint the environment names hold a URL's password (``http://user:password@host``)."""
+    texts = [str(url), repr(storage_options), _endpoint_from_environment()[1] or ""]
+    return any(masked(text) != text for text in texts)
 
 
 def _endpoint_from_environment() -> tuple[str, str | None]:
@@ -805,6 +819,8 @@ class BucketStore(BucketShelf):
             url = _anchored(url)
         _refuse_asynchronous(url, storage_options)
         _refuse_dropped(url, storage_options)
+        if _names_a_password(url, storage_options):
+            mask_passwords_in_logs()  # the client's own DEBUG records name it, too
         self.url = url
         storage_options = guarded(storage_options, _protocols_of(url))
         self.storage_options = storage_options
