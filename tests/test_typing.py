@@ -1,0 +1,56 @@
+"""The documented calls type-check under ``mypy --strict``, as the py.typed marker promises,
+and a wrong one does not."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def mypy_errors(tmp_path: Path, code: str) -> list[str]:
+    """The errors ``mypy --strict`` finds in ``code``, a user's program importing this
+    checkout's somatize, each as ``line: message  [code]``."""
+    program = tmp_path / "program.py"
+    program.write_text(textwrap.dedent(code))
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "mypy", "--strict", "--cache-dir", str(tmp_path / "cache")),
+            *("--no-error-summary", "--hide-error-context", str(program)),
+        ],
+        cwd=ROOT,  # the project's settings: how somatize itself is checked
+        env={**os.environ, "MYPYPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    prefix = f"{program}:"
+    return [line[len(prefix) :] for line in done.stdout.splitlines() if line.startswith(prefix)]
+
+
+@pytest.mark.slow
+def test_documented_store_calls_type_check(tmp_path: Path) -> None:
+    """``Store(path)`` opens a store, which a checker must not refuse as an abstract class,
+    and ``keep_many`` takes each item's bytes whole, as ``keep`` does."""
+    errors = mypy_errors(
+        tmp_path,
+        """
+        from somatize import Answer, Store
+
+        store = Store("features")
+        key = "blake3:" + "ab" * 32
+        answers: list[Answer] = store.keep_many([(key, b"an answer")], "plain")
+        more: list[Answer] = store.keep_many([(key, [b"an ", b"answer"])], "plain")
+        store.bind("data/v1", 3)
+        """,
+    )
+    assert errors == [
+        '8: error: Argument 2 to "bind" of "Store" has incompatible type "int"; '
+        'expected "str"  [arg-type]'
+    ], errors
