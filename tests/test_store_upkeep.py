@@ -33,7 +33,7 @@ from somatize.store import (
 )
 from somatize.store._packed import hash_bytes
 from somatize.store.records import NameSignedAlone, Signer
-from somatize.store.upkeep import Entry
+from somatize.store.upkeep import Entry, contents, listing
 from tests.conftest_s3 import s3_options, s3_url
 
 
@@ -1987,3 +1987,17 @@ def test_a_folder_opened_as_a_file_url_lists_the_strays_a_local_store_lists(
         assert found.ok and sorted(found.stray) == sorted(strays), store
     on_file.gc(10**9, grace=0)
     assert sorted(LocalStore(local.root).verify().stray) == sorted(strays)
+
+
+def test_contents_and_listing_refuse_a_section_they_cannot_tell(store: Store) -> None:
+    """contents() reads the records of answers, the indexes of packs and the bindings of
+    names: asked for blobs it says to list them, rather than telling each blob as a damaged
+    pack index, and a misspelt section is refused rather than told as empty; listing()
+    refuses a section the store does not keep."""
+    store.put(b"a blob")
+    for section in ("blobs", "tmp", "Answers"):
+        with pytest.raises(ValueError, match=r"listing\(store, "):
+            contents(store, section)
+    with pytest.raises(ValueError, match="`blobs`"):
+        listing(store, "Blobs")
+    assert [entry.size for entry in listing(store, "blobs")] == [6]

@@ -54,3 +54,29 @@ def test_documented_store_calls_type_check(tmp_path: Path) -> None:
         '8: error: Argument 2 to "bind" of "Store" has incompatible type "int"; '
         'expected "str"  [arg-type]'
     ], errors
+
+
+@pytest.mark.slow
+def test_contents_tells_what_each_section_holds(tmp_path: Path) -> None:
+    """The docs' key rotation re-signs what ``contents`` reads, a digest from ``names`` and
+    a record from ``answers``, once it has ruled out damage, as a checker follows it."""
+    errors = mypy_errors(
+        tmp_path,
+        """
+        from somatize.store import LocalStore
+        from somatize.store.upkeep import contents
+
+        old = LocalStore("rotating", signing_key="old secret")
+        new = LocalStore("rotating", signing_key="new secret")
+        for entry, digest in contents(old, "names"):
+            if isinstance(digest, str):
+                new.bind(entry.name, digest)
+        for entry, answer in contents(old, "answers"):
+            if not isinstance(answer, Exception):
+                new.keep(answer.key, old.recall(answer.key)[1], answer.codec, answer.fingerprint)
+        for entry, index in contents(old, "packs"):
+            if not isinstance(index, Exception):
+                new.bind(entry.name, index.key)
+        """,
+    )
+    assert errors == ['15: error: "PackIndex" has no attribute "key"  [attr-defined]'], errors

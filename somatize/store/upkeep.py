@@ -69,7 +69,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, overload
 
 from somatize._numbers import finite
 from somatize.store.base import (
@@ -879,6 +879,10 @@ class Survey:
 
 def listing(shelf: Shelf, section: str) -> list[Entry]:
     """The files of one section (``answers``, ``packs``, ``names``, ``blobs``, …)."""
+    if section not in shelf._sections:
+        # A misspelt section holds no file: told as empty, it would pass for one emptied.
+        kept = ", ".join(f"`{name}`" for name in shelf._sections)
+        raise ValueError(f"{shelf._where} keeps its files in {kept}; got {section!r}")
     return shelf._entries(section)
 
 
@@ -894,13 +898,44 @@ def _named(section: str, name: str) -> bool:
     return True
 
 
-def contents(shelf: Shelf, section: str) -> list[tuple[Entry, Answer | PackIndex | str | Corrupt]]:
+READ_SECTIONS = ("answers", "packs", "names")
+"""The sections whose files :func:`contents` reads: records, pack indexes, bindings."""
+
+
+@overload
+def contents(shelf: Shelf, section: Literal["answers"]) -> list[tuple[Entry, Answer | Corrupt]]: ...
+
+
+@overload
+def contents(
+    shelf: Shelf, section: Literal["packs"]
+) -> list[tuple[Entry, PackIndex | Corrupt]]: ...
+
+
+@overload
+def contents(shelf: Shelf, section: Literal["names"]) -> list[tuple[Entry, str | Corrupt]]: ...
+
+
+@overload
+def contents(
+    shelf: Shelf, section: str
+) -> list[tuple[Entry, Answer | PackIndex | str | Corrupt]]: ...
+
+
+def contents(shelf: Shelf, section: str) -> list[tuple[Entry, Any]]:
     """Each record, pack index or name of ``section`` (``answers``, ``packs``, ``names``)
     and what it holds, or why it cannot be read (damaged, or not this user's to read):
     one listing and one read of each file. Each entry's time is when it was last used, as
     a gc weighs it: a bucket keeps a recall's time in its ``used/`` logs, not in the file's.
     Files named as none of them can be (a ``.DS_Store``) are left out. Read without the
     signing key: this says what the store holds, not what a reader would trust."""
+    if section not in READ_SECTIONS:
+        # Read as pack indexes, a blob would be told as damage, and a misspelt section as
+        # holding nothing.
+        raise ValueError(
+            f"contents reads the files of `answers`, `packs` and `names`, got {section!r}; "
+            f"list the files of any section with `listing(store, {section!r})`"
+        )
     uses = shelf._uses(merge=False) if section != "names" else {}
     entries = [
         e._replace(mtime=max(e.mtime, uses.get((section, e.name), 0.0)))
