@@ -528,7 +528,7 @@ class Graph:
     def forward(
         self,
         x: Any,
-        store: Store | str | Path | None = None,
+        store: Store | str | os.PathLike[str] | None = None,
         watching: Callable[[dict[str, Any]], Any] | None = None,
         broker: Any = None,
         *,
@@ -558,7 +558,7 @@ class Graph:
             outputs=outputs,
         )
 
-    def _store(self, store: Store | str | Path | None) -> Store | None:
+    def _store(self, store: Store | str | os.PathLike[str] | None) -> Store | None:
         """The store ``store=`` names; one opened from a path is kept for the next forward
         that names the same directory — a relative path taken from where the program is
         now, and one removed since (a cache cleared with ``rm -rf``) opened afresh, as

@@ -36,22 +36,28 @@ def mypy_errors(tmp_path: Path, code: str) -> list[str]:
 
 @pytest.mark.slow
 def test_documented_store_calls_type_check(tmp_path: Path) -> None:
-    """``Store(path)`` opens a store, which a checker must not refuse as an abstract class,
-    and ``keep_many`` takes each item's bytes whole, as ``keep`` does."""
+    """``Store(path)`` opens a store, which a checker must not refuse as an abstract class;
+    ``keep_many`` takes each item's bytes whole, as ``keep`` does; and a forward's
+    ``store=`` takes any path, as ``Store.of`` does."""
     errors = mypy_errors(
         tmp_path,
         """
-        from somatize import Answer, Store
+        from pathlib import PurePosixPath
+
+        from somatize import Answer, Graph, Store
 
         store = Store("features")
         key = "blake3:" + "ab" * 32
         answers: list[Answer] = store.keep_many([(key, b"an answer")], "plain")
         more: list[Answer] = store.keep_many([(key, [b"an ", b"answer"])], "plain")
         store.bind("data/v1", 3)
+
+        def run(g: Graph) -> None:
+            g.forward(1, store=PurePosixPath("features"))
         """,
     )
     assert errors == [
-        '8: error: Argument 2 to "bind" of "Store" has incompatible type "int"; '
+        '10: error: Argument 2 to "bind" of "Store" has incompatible type "int"; '
         'expected "str"  [arg-type]'
     ], errors
 
