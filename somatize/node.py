@@ -63,7 +63,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from types import FunctionType
-from typing import Any
+from typing import Any, TypeVar
 
 from somatize import canonical
 from somatize._calls import (
@@ -112,6 +112,10 @@ __all__ = [
     "state_held",
     "tells_state",
 ]
+
+_Said = TypeVar("_Said", bound="Node")
+"""A node, as what is said about it (``.named()``, ``.frozen()``…) hands it back: of its own
+class, so that a checker still sees its attributes."""
 
 
 class Undeclared(SomatizeError, TypeError):
@@ -800,7 +804,7 @@ class Node:
                 "second graph that uses it otherwise, from a node of its own)"
             )
 
-    def named(self, name: str) -> Node:
+    def named(self: _Said, name: str) -> _Said:
         """Calls this node ``name`` in facts, errors and figures. Not part of its key:
         one computation under two names shares answers."""
         if not _one_line(name):
@@ -813,7 +817,7 @@ class Node:
         self._smz.name = name
         return self
 
-    def identified(self, identity: str) -> Node:
+    def identified(self: _Said, identity: str) -> _Said:
         """Gives this node a stable identity (``package.module:Name``) when its class has
         none of its own — one made inside a function, say."""
         if not isinstance(identity, str) or ":" not in identity:
@@ -822,13 +826,13 @@ class Node:
         self._smz.identity = identity
         return self
 
-    def frozen(self) -> Node:
+    def frozen(self: _Said) -> _Said:
         """Says this node's state does not change while the graph runs."""
         self._settled(".frozen()", not self._smz.frozen)
         self._smz.frozen = True
         return self
 
-    def cached(self, salt: str | None = None) -> Node:
+    def cached(self: _Said, salt: str | None = None) -> _Said:
         """Says this node's output is worth keeping; ``salt`` tells apart runs the key cannot."""
         if salt is not None and not isinstance(salt, str):
             raise TypeError(f"a salt is a str, got a {type(salt).__name__}")
@@ -838,14 +842,14 @@ class Node:
         self._smz.salt = salt
         return self
 
-    def mapped(self) -> Node:
+    def mapped(self: _Said) -> _Said:
         """Says this node maps over the items of its input: a list in, a list as long
         out, so that what is kept of it is kept item by item."""
         self._settled(".mapped()", not self._smz.mapped)
         self._smz.mapped = True
         return self
 
-    def at(self, worker: str) -> Node:
+    def at(self: _Said, worker: str) -> _Said:
         """Places this node on ``worker`` (a name the broker knows)."""
         _check_worker_name(worker)
         self._settled(f".at({worker!r})", worker != self._smz.worker)

@@ -86,3 +86,27 @@ def test_contents_tells_what_each_section_holds(tmp_path: Path) -> None:
         """,
     )
     assert errors == ['15: error: "PackIndex" has no attribute "key"  [attr-defined]'], errors
+
+
+@pytest.mark.slow
+def test_saying_what_a_node_is_keeps_its_class(tmp_path: Path) -> None:
+    """``.named()``, ``.frozen()``, ``.cached()`` and the rest hand back the node itself,
+    and a checker sees it as what it is: its own attributes are there after them."""
+    errors = mypy_errors(
+        tmp_path,
+        """
+        from somatize import Context, Node
+
+        class Scale(Node):
+            def __init__(self, by: float) -> None:
+                self.by = by
+
+            def forward(self, x: float, ctx: Context) -> float:
+                return x * self.by
+
+        scale = Scale(2.0).named("scale").identified("m:Scale").frozen().cached().mapped()
+        by: float = scale.at("w1").by
+        scale.weight
+        """,
+    )
+    assert errors == ['13: error: "Scale" has no attribute "weight"  [attr-defined]'], errors

@@ -20,7 +20,7 @@ source are the same.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow
 
@@ -152,11 +152,11 @@ class Stream(Node):
             "under a stream un-cached"
         )
 
-    def frozen(self) -> Node:
+    def frozen(self) -> NoReturn:
         """Refused: see :class:`Unfreezable`."""
         raise self._refuse("frozen")
 
-    def cached(self, salt: str | None = None) -> Node:
+    def cached(self, salt: str | None = None) -> NoReturn:
         """Refused: see :class:`Unfreezable`."""
         raise self._refuse("cached")
 
