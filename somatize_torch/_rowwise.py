@@ -76,7 +76,7 @@ def _compute(
     tables = _listed(self)[2]  # the parts' tables, looked through for generators they hold
     generators = generator_states(module, sub, tables)
     out: torch.Tensor = _answer(self, sub, ends, handed=sub is x)
-    _check_answer(self, out, len(positions), sub.dim())
+    _check_answer(self, out, len(positions))
     # A draw from torch's generator (a VAE's encoder sampling its latents) would be
     # recalled: a row run alone, or one whose draw moves it less than rounding allows, is
     # not told apart by the check below. Rows not computed as they were keyed (a part put
@@ -240,22 +240,22 @@ def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> b
     return False
 
 
-def _check_answer(self: CachedRows, out: Any, rows: int, dims: int) -> None:
-    """Refuses an answer that cannot be kept and recalled row by row (handed ``rows`` rows,
-    a batch of ``dims`` dimensions)."""
+def _check_answer(self: CachedRows, out: Any, rows: int) -> None:
+    """Refuses an answer that cannot be kept and recalled row by row."""
     module = self.module
     if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != rows:
-        # A loader handing samples one at a time (`batch_size=None`) hands no batch: the
-        # cache took the sample's first dimension for its rows.
-        values = " of one value each" if dims == 1 else ""
-        raise NotRowwise(
-            f"`{type(module).__name__}` was handed {rows} rows{values} and returned "
-            f"{_describe(out)}: a module cached per row must return one tensor with one row "
-            "per input row (batch along dimension 0). Where that was one sample, not a "
-            "batch (a DataLoader with `batch_size=None` hands samples one at a time), hand "
-            "batches of them (`DataLoader(..., batch_size=64)`, or `x.unsqueeze(0)` for one "
-            "sample). Else cache the module per batch "
+        # A batch of one row answered with no row of its own most likely lost the batch's
+        # dimension to a `squeeze()`, which caching per batch would not mend.
+        instead = (
+            _SQUEEZE
+            if rows == 1 and isinstance(out, torch.Tensor)
+            else "Cache it per batch instead "
             "(`somatize.torch.wrap(module, frozen=True, cached=True)`)"
+        )
+        raise NotRowwise(
+            f"`{type(module).__name__}` was handed {rows} rows and returned "
+            f"{_describe(out)}: a module cached per row must return one tensor with one row "
+            f"per input row (batch along dimension 0). {instead}"
         )
     if type(out) is not torch.Tensor:
         raise NotRowwise(
@@ -339,6 +339,8 @@ def _check_rowwise(
             got = f"{_describe(alone)}, not a tensor of shape {list(row.shape)}"
         if not _still_keyed(self, watch):
             return  # run with other weights than the batch: nothing seen, looked at again
+        if _squeezed(alone, row):
+            _refuse_squeezed(self, which, len(out), got)
         _refuse_mixing(self, which, len(out), got, reshaped)
     if not alike:
         keying.rowwise = True
@@ -460,6 +462,27 @@ def _reshaped(alone: Any, row: torch.Tensor) -> bool:
         and alone.dim() == row.dim()
         and alone.shape[:1] == row.shape[:1]
         and alone.shape != row.shape
+    )
+
+
+def _squeezed(alone: Any, row: torch.Tensor) -> bool:
+    """Whether ``alone``, a row's answer alone, is ``row`` without the batch's dimension:
+    a ``squeeze()`` naming no dimension drops it from a batch of one row, and only there."""
+    return isinstance(alone, torch.Tensor) and alone.shape == row.shape[1:]
+
+
+_SQUEEZE = (
+    "A `squeeze()` naming no dimension drops the batch's dimension from a batch of one "
+    "row: squeeze only the dimensions meant (`out.squeeze(-1)`, `out.flatten(1)`)"
+)
+
+
+def _refuse_squeezed(self: CachedRows, which: str, rows: int, got: str) -> NoReturn:
+    raise NotRowwise(
+        f"`{type(self.module).__name__}` answers a batch of one row without the batch's "
+        f"dimension: the {which} of {rows} rows, run again on its own, came back with "
+        f"{got}. A module cached per row answers one row per input row, a batch of one "
+        f"too. {_SQUEEZE}"
     )
 
 

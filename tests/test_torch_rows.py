@@ -3784,6 +3784,35 @@ def test_a_module_answering_a_row_alone_in_another_shape_is_told_to_answer_one_s
     cached.close()
 
 
+class PooledSqueezed(nn.Module):
+    """Pools a feature map to one value per channel and squeezes it, naming no dimension,
+    as many image encoders do: a batch of one row loses its batch's dimension too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pool(self.conv(x)).squeeze()
+
+
+def test_a_module_squeezing_away_the_batch_dimension_is_told_so(store: Store) -> None:
+    """A module whose `squeeze()` drops the batch's dimension from a batch of one row is
+    refused saying so and what to squeeze, on a batch of one row and where a row run
+    alone looks for mixing; it is not told that it mixes rows, nor to cache per batch.
+    Nothing is kept."""
+    torch.manual_seed(0)
+    cached = cache_rows(PooledSqueezed(), store)
+    for batch in (torch.randn(4, 3, 8, 8), torch.randn(1, 3, 8, 8)):
+        with pytest.raises(NotRowwise, match=r"squeeze\(\)` naming no dimension") as why:
+            cached(batch)
+        assert "depends on the other rows" not in str(why.value)
+        assert "per batch" not in str(why.value)
+    assert cached.tiers[0].rows == 0
+    cached.close()
+
+
 def test_a_module_that_mixes_rows_is_refused(store: Store) -> None:
     """A module whose answer for a row depends on the rest of its batch — a transformer
     layer whose dimension 0 is the sequence, a running sum along it — is refused with what
