@@ -20,6 +20,7 @@ batch written in one epoch and not in the next. Every run is watched
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import operator
@@ -35,6 +36,7 @@ from somatize_torch._row_calls import _run
 from somatize_torch._row_errors import NotRowwise, RowsError, _describe
 from somatize_torch._row_keys import _floating_dtypes, _Keying, code_moved, given_holds
 from somatize_torch._state import StateWatch
+from somatize_torch.codec import TENSOR
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import DTYPES
 from somatize_torch.freeze import (
@@ -244,18 +246,10 @@ def _check_answer(self: CachedRows, out: Any, rows: int) -> None:
     """Refuses an answer that cannot be kept and recalled row by row."""
     module = self.module
     if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != rows:
-        # A batch of one row answered with no row of its own most likely lost the batch's
-        # dimension to a `squeeze()`, which caching per batch would not mend.
-        instead = (
-            _SQUEEZE
-            if rows == 1 and isinstance(out, torch.Tensor)
-            else "Cache it per batch instead "
-            "(`somatize.torch.wrap(module, frozen=True, cached=True)`)"
-        )
         raise NotRowwise(
             f"`{type(module).__name__}` was handed {rows} rows and returned "
             f"{_describe(out)}: a module cached per row must return one tensor with one row "
-            f"per input row (batch along dimension 0). {instead}"
+            f"per input row (batch along dimension 0). {_instead_of(out, rows)}"
         )
     if type(out) is not torch.Tensor:
         raise NotRowwise(
@@ -287,6 +281,29 @@ def _check_answer(self: CachedRows, out: Any, rows: int) -> None:
             "(`out.dequantize()` for quantized rows; packed ones viewed as bytes, "
             "`out.view(torch.uint8)`), or call the module itself"
         )
+
+
+def _instead_of(out: Any, rows: int) -> str:
+    """What to do instead of caching per row a module that answered ``out`` for ``rows``
+    rows, no tensor of one row per input row."""
+    if isinstance(out, torch.Tensor):
+        # A batch of one row answered with no row of its own most likely lost the batch's
+        # dimension to a `squeeze()`, which caching per batch would not mend.
+        return _SQUEEZE if rows == 1 else _PER_BATCH
+    if isinstance(out, (tuple, list, dict)) or dataclasses.is_dataclass(out):
+        # An answer of many tensors (Hugging Face's `ModelOutput`): the one tensor wanted
+        # is cached per row, and the whole only where the store gives it back as it was.
+        whole = f", or cache it whole, per batch ({_WRAP})"
+        return (
+            "Cache per row a module answering the one tensor wanted of it (a forward "
+            "returning `encoder(x).last_hidden_state` or `encoder(x)[0]`)"
+            + (whole if TENSOR.refusal(out) is None else "")
+        )
+    return _PER_BATCH
+
+
+_WRAP = "`somatize.torch.wrap(module, frozen=True, cached=True)`"
+_PER_BATCH = f"Cache it per batch instead ({_WRAP})"
 
 
 def _check_rowwise(

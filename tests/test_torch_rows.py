@@ -60,6 +60,7 @@ from tests.forked import in_forked_child
 from tests.global_modules import CHANGES, named_as_attributes_cell, normed_cell, run_cell, scaled
 from tests.layouts import answers_as_its_weights_are_laid_out
 from tests.state_dict_hooks import add_load_state_dict_pre_hook, add_state_dict_post_hook
+from tests.test_torch_wrap import Answers, AnswersAsHuggingFace
 
 
 def encoder(seed: int = 0) -> nn.Module:
@@ -3811,6 +3812,22 @@ def test_a_module_squeezing_away_the_batch_dimension_is_told_so(store: Store) ->
         assert "per batch" not in str(why.value)
     assert cached.tiers[0].rows == 0
     cached.close()
+
+
+def test_a_module_answering_many_tensors_is_told_to_answer_the_one_wanted() -> None:
+    """A module answering many tensors per row is refused, told to cache per row a module
+    answering the one tensor wanted. It is told to cache it whole, per batch, only where
+    the store keeps such an answer: a namedtuple, not Hugging Face's `ModelOutput`, which
+    `wrap` refuses."""
+    for module, features, whole in (
+        (Answers("namedtuple"), 4, True),
+        (AnswersAsHuggingFace(), 6, False),
+    ):
+        cached = cache_rows(module)
+        with pytest.raises(NotRowwise, match=r"one tensor wanted.*`encoder\(x\)\[0\]`") as why:
+            cached(torch.randn(4, features))
+        assert ("per batch" in str(why.value)) is whole
+        assert cached.tiers[0].rows == 0
 
 
 def test_a_module_that_mixes_rows_is_refused(store: Store) -> None:
