@@ -289,7 +289,11 @@ def _instead_of(out: Any, rows: int) -> str:
     if isinstance(out, torch.Tensor):
         # A batch of one row answered with no row of its own most likely lost the batch's
         # dimension to a `squeeze()`, which caching per batch would not mend.
-        return _SQUEEZE if rows == 1 else _PER_BATCH
+        return (
+            f"{_SQUEEZE}. Otherwise {_PER_BATCH[0].lower()}{_PER_BATCH[1:]}"
+            if rows == 1
+            else _PER_BATCH
+        )
     if isinstance(out, (tuple, list, dict)) or dataclasses.is_dataclass(out):
         # An answer of many tensors (Hugging Face's `ModelOutput`): the one tensor wanted
         # is cached per row, and the whole only where the store gives it back as it was.
