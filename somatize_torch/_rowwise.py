@@ -78,7 +78,7 @@ def _compute(
     tables = _listed(self)[2]  # the parts' tables, looked through for generators they hold
     generators = generator_states(module, sub, tables)
     out: torch.Tensor = _answer(self, sub, ends, handed=sub is x)
-    _check_answer(self, out, len(positions))
+    _check_answer(self, out, len(positions), sub.dim())
     # A draw from torch's generator (a VAE's encoder sampling its latents) would be
     # recalled: a row run alone, or one whose draw moves it less than rounding allows, is
     # not told apart by the check below. Rows not computed as they were keyed (a part put
@@ -242,14 +242,18 @@ def _check_records_none(self: CachedRows, x: torch.Tensor, keying: _Keying) -> b
     return False
 
 
-def _check_answer(self: CachedRows, out: Any, rows: int) -> None:
-    """Refuses an answer that cannot be kept and recalled row by row."""
+def _check_answer(self: CachedRows, out: Any, rows: int, dims: int) -> None:
+    """Refuses an answer that cannot be kept and recalled row by row (handed ``rows`` rows,
+    a batch of ``dims`` dimensions)."""
     module = self.module
     if not isinstance(out, torch.Tensor) or out.dim() == 0 or out.shape[0] != rows:
+        # A loader handing samples one at a time (`batch_size=None`) hands no batch: the
+        # cache took the sample's first dimension for its rows.
+        values = " of one value each" if dims == 1 else ""
         raise NotRowwise(
-            f"`{type(module).__name__}` was handed {rows} rows and returned "
+            f"`{type(module).__name__}` was handed {rows} rows{values} and returned "
             f"{_describe(out)}: a module cached per row must return one tensor with one row "
-            f"per input row (batch along dimension 0). {_instead_of(out, rows)}"
+            f"per input row (batch along dimension 0). {_instead_of(out, rows, dims)}"
         )
     if type(out) is not torch.Tensor:
         raise NotRowwise(
@@ -283,9 +287,16 @@ def _check_answer(self: CachedRows, out: Any, rows: int) -> None:
         )
 
 
-def _instead_of(out: Any, rows: int) -> str:
+def _instead_of(out: Any, rows: int, dims: int) -> str:
     """What to do instead of caching per row a module that answered ``out`` for ``rows``
-    rows, no tensor of one row per input row."""
+    rows (a batch of ``dims`` dimensions), no tensor of one row per input row."""
+    if dims == 1:
+        return (
+            "Where that was one sample, not a batch (a DataLoader with `batch_size=None` "
+            "hands samples one at a time), hand batches of them (`DataLoader(..., "
+            "batch_size=64)`, or `x.unsqueeze(0)` for one sample). Else cache the module "
+            f"per batch ({_WRAP})"
+        )
     if isinstance(out, torch.Tensor):
         # A batch of one row answered with no row of its own most likely lost the batch's
         # dimension to a `squeeze()`, which caching per batch would not mend.
