@@ -64,6 +64,8 @@ from lightning.pytorch.callbacks import BaseFinetuning
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 from torch.nn.modules.dropout import _DropoutNd
+from torch.nn.utils import parametrizations
+from torch.nn.utils.spectral_norm import SpectralNorm
 
 from somatize_torch._lightning_errors import (
     CacheFrozenError,
@@ -275,12 +277,33 @@ def freeze_first(trainer: pl.Trainer, callback: object, pl_module: pl.LightningM
 def _computes_otherwise(part: nn.Module) -> bool:
     """Whether ``part`` computes otherwise in train mode than in eval: a norm layer with
     running statistics (batch statistics in train mode, and updated), a dropout that
-    drops, an attention that drops. Nothing else torch makes reads its mode."""
+    drops, an attention or a stacked recurrent layer that drops, an ``RReLU`` that draws
+    its slope, or a spectral norm (a power iteration in train mode, its vectors updated).
+    Nothing else torch makes reads its mode."""
     if isinstance(part, _NormBase):
         return part.running_mean is not None
     if isinstance(part, _DropoutNd):
         return part.p > 0
-    return isinstance(part, nn.MultiheadAttention) and part.dropout > 0
+    if isinstance(part, nn.MultiheadAttention):
+        return bool(part.dropout > 0)
+    if isinstance(part, nn.RNNBase):
+        return part.dropout > 0 and part.num_layers > 1  # dropped between its layers only
+    if isinstance(part, nn.RReLU):
+        return part.lower != part.upper  # eval takes their mean, train draws between them
+    return _spectral_norm(part)
+
+
+def _spectral_norm(part: nn.Module) -> bool:
+    """Whether ``part`` is a spectral norm: torch's parametrization (a part of the layer it
+    normalizes), or the older hook ``nn.utils.spectral_norm`` registers on the layer."""
+    if isinstance(part, _SPECTRAL_PARAMETRIZATION):
+        return True
+    hooks = part._forward_pre_hooks.values()
+    return any(isinstance(hook, SpectralNorm) for hook in hooks)
+
+
+# torch keeps the class of its spectral-norm parametrization private.
+_SPECTRAL_PARAMETRIZATION: type = getattr(parametrizations, "_SpectralNorm", type(None))
 
 
 def _moves(part: nn.Module) -> bool:
@@ -385,7 +408,7 @@ def _left_to_tuners(
         elif moving:
             why[name] = (
                 f"its parts {few(moving)} run in train mode (dropout drawing, BatchNorm on "
-                "batch statistics)"
+                "batch statistics, a spectral norm iterating)"
             )
     if why:
         listed = "; ".join(f"`{name}`: {reason}" for name, reason in why.items())
@@ -672,7 +695,7 @@ def left_in_train_mode(
     warnings.warn(
         f"`{name}` would run in train mode here without this callback, and its parts "
         f"{few(parts)} compute otherwise in train mode (dropout drawing, BatchNorm on batch "
-        "statistics, updating its running ones): cached, it would be held in eval and "
+        "statistics, a spectral norm iterating): cached, it would be held in eval and "
         "answer otherwise than it does without this callback, so it is put back as it was "
         "and runs uncached, in train mode, for the rest of this stage. Freezing a module "
         "with `requires_grad_(False)` leaves it in the mode it is in. If it is meant to "

@@ -596,6 +596,60 @@ def test_an_encoder_left_in_train_mode_trains_the_head_as_without_the_callback(
         assert torch.equal(cached.encoder.norm.running_mean, plain.encoder.norm.running_mean)
 
 
+class _ReadsItsMode(nn.Module):
+    """A conv encoder with no BatchNorm and no dropout, whose one part that computes
+    otherwise in train mode is ``kind``: a spectral norm (torch's parametrization, or the
+    older hook), a randomized leaky ReLU, or a stacked LSTM dropping between its layers."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.conv = nn.Conv2d(3, 8, 3, 2, 1)
+        if kind == "spectral":
+            self.conv = nn.utils.parametrizations.spectral_norm(self.conv)
+        elif kind == "spectral_hook":
+            self.conv = nn.utils.spectral_norm(self.conv)
+        self.act = nn.RReLU() if kind == "rrelu" else nn.ReLU()
+        dropout = 0.5 if kind == "lstm" else 0.0
+        self.lstm = nn.LSTM(8, 8, num_layers=2, dropout=dropout, batch_first=True)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        features = self.pool(self.act(self.conv(x))).flatten(1)
+        return self.lstm(features.unsqueeze(1))[0][:, 0]  # each row a sequence of one
+
+
+class _ReadingItsMode(LeftInTrainMode):
+    def __init__(self, kind: str) -> None:
+        super().__init__("plain")
+        self.encoder = _ReadsItsMode(kind)
+        self.encoder.requires_grad_(False)
+
+
+@pytest.mark.parametrize("kind", ["spectral", "spectral_hook", "rrelu", "lstm"])
+def test_an_encoder_left_in_train_mode_with_a_part_reading_its_mode_runs_uncached(
+    tmp_path: Path, kind: str
+) -> None:
+    """A spectral norm iterates (its vectors updated), an ``RReLU`` draws its slope and a
+    stacked LSTM drops between its layers in train mode only: an encoder left in train
+    mode with one runs uncached, with a warning naming it, and the head trains exactly as
+    without the callback."""
+
+    def fit(cache: bool) -> _ReadingItsMode:
+        torch.manual_seed(0)
+        model = _ReadingItsMode(kind)
+        callbacks: list[pl.Callback] = [CacheFrozen(tmp_path / "store", ["encoder"])]
+        trainer(tmp_path, 2, callbacks=callbacks if cache else []).fit(model, loader())
+        return model
+
+    with pytest.warns(Uncached, match=r"`encoder` would run in train mode"):
+        cached = fit(cache=True)
+    plain = fit(cache=False)
+    assert not isinstance(cached.encoder, CachedRows) and cached.encoder.training
+    assert torch.equal(cached.head.weight, plain.head.weight)
+    assert torch.equal(cached.head.bias, plain.head.bias)
+
+
 def test_an_encoder_left_in_train_mode_with_nothing_that_moves_is_cached(tmp_path: Path) -> None:
     """An encoder left in train mode with no part that computes otherwise there (no
     BatchNorm, no dropout) answers the same in either mode: it is cached, without a
