@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 from torch.nn.modules import module as _registry  # where torch keeps its global hooks
+from torch.nn.utils.prune import BasePruningMethod
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.nn.utils.weight_norm import WeightNorm
 from torch.utils.hooks import RemovableHandle as _HANDLES  # it numbers every hook
@@ -155,8 +156,14 @@ def _worked_out(part: nn.Module) -> set[str]:
     """The attributes of ``part`` that a forward pre-hook of :data:`_WORKED_OUT` sets before
     each forward (``weight``): worked out from its state, which the state digest names (the
     ``weight_g`` and ``weight_v`` it is made from), not a setting. Declared, they named the
-    random weights a copy is built with until its first forward."""
-    return {hook.name for hook in part._forward_pre_hooks.values() if isinstance(hook, _WORKED_OUT)}
+    random weights a copy is built with until its first forward. So too the weight a
+    pruning hook of ``torch.nn.utils.prune`` works out from ``weight_orig`` and
+    ``weight_mask``: declared, a mask or weight changed would key the call after anew
+    twice (before and after the hook set the weight), keeping nothing of the first."""
+    hooks = part._forward_pre_hooks.values()
+    return {hook.name for hook in hooks if isinstance(hook, _WORKED_OUT)} | {
+        hook._tensor_name for hook in hooks if isinstance(hook, BasePruningMethod)
+    }
 
 
 class SettingsWatch:

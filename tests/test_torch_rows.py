@@ -196,6 +196,26 @@ class Gain(OnALinear):
         return out
 
 
+def test_a_pruned_module_changed_keeps_the_rows_of_its_next_call(store: Store) -> None:
+    """``torch.nn.utils.prune`` works a module's weight out of ``weight_orig`` and
+    ``weight_mask`` before each forward, as a plain tensor: a mask or original changed
+    keys the next call by them, and that call's rows are kept and recalled from then on,
+    as a module with no pruning's are."""
+    module = nn.Sequential(nn.Linear(6, 4), nn.Tanh())
+    torch.nn.utils.prune.random_unstructured(module[0], "weight", 0.5)
+    cached = cache_rows(module, store)
+    x = torch.randn(5, 6)
+    cached(x)
+    for change in (module[0].weight_mask.fill_, module[0].weight_orig.mul_):
+        with torch.no_grad():
+            change(2.0)
+        computed = cached.stats.computed
+        changed = cached(x)
+        assert torch.equal(changed, expected(module, x))
+        assert cached.stats.computed == computed + 5
+        assert torch.equal(cached(x), changed) and cached.stats.computed == computed + 5
+
+
 def test_a_setting_changed_after_rows_were_keyed_is_seen_at_the_next_forward(
     store: Store,
 ) -> None:
