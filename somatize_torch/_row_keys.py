@@ -544,7 +544,9 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     # A conversion asked of another cache (or this one) since: the tensors' memory tells.
     conversion = _LAST_CONVERSION[0]
     seen = conversion is self._conversion
-    if not again and watch is not None and not watch.changed(thorough or not seen):
+    # The module converted itself (`encoder.half()`, asked of no cache): its ends tell.
+    thorough = thorough or not seen or (watch is not None and watch.ends_moved())
+    if not again and watch is not None and not watch.changed(thorough):
         if not seen:
             self._conversion = conversion
         # The same weights; a setting given to the module since (`enc.temperature = 5.0`)

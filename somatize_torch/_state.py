@@ -463,6 +463,17 @@ class StateWatch:
             )
         )
 
+    def ends_moved(self) -> bool:
+        """Whether the first or the last tensor watched points at other memory now. A
+        conversion of the whole module (``encoder.half().float()``, asked of the module
+        itself) gives each of its tensors other memory and moves no version counter;
+        looking at two of them costs next to nothing at every call, where looking at each
+        (``changed(thorough=True)``) costs as much again as the rest of the watch."""
+        placed, where = self._placed, self._where
+        if not placed:
+            return False
+        return _WHERE(placed[0]) != where[0] or _WHERE(placed[-1]) != where[-1]
+
     def moved(self) -> bool:
         """Whether a tensor or submodule was replaced, added or removed, or a tensor's memory
         changed (``p.data = t``): where the numbers are, not what they are. A change in

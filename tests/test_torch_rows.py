@@ -1243,6 +1243,25 @@ def test_weights_changed_any_way_are_seen(store: Store) -> None:
     cached.close()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_module_converted_itself_and_back_is_seen_at_the_next_forward(
+    store: Store, dtype: torch.dtype
+) -> None:
+    """The module converted in place itself, asked of no cache, and back
+    (``module.half().float()``, which rounds its weights and moves no version counter): the
+    next forward computes its rows with the rounded weights, and recalls none of the
+    weights before. (A module with buffers is seen by them: they are replaced.)"""
+    x = torch.randn(6, 8)
+    module = nn.Sequential(nn.Linear(8, 8), nn.Tanh(), nn.Linear(8, 4))
+    cached = cache_rows(module, store)
+    before = cached(x)
+    module.to(dtype).float()
+    after = cached(x)
+    assert cached.stats.computed == 6 + 6
+    assert torch.equal(after, expected(module, x)) and not torch.equal(after, before)
+    cached.close()
+
+
 def test_a_conversion_through_one_cache_is_seen_by_every_cache_of_the_module(
     store: Store,
 ) -> None:
