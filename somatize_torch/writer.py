@@ -876,10 +876,11 @@ class _Backlog:
             if self.done < target and self.locked_here():
                 raise WaitsForItself(
                     f"a flush of a cache over {self.store!r} ran while this thread holds the "
-                    "lock the store's writer thread takes to write (code a garbage collection "
-                    "ran inside a call into the store, a finalizer), and would wait for that "
-                    "thread, which waits for it, for ever. Flush from ordinary code; the rows "
-                    "are written as the thread goes on"
+                    "lock the store's writer thread takes to write (code run inside a call into "
+                    "the store: a finalizer, or a signal handler), and would wait for that "
+                    "thread, which waits for it, for ever. Flush from ordinary code (a signal "
+                    "handler may raise SystemExit: exit flushes); the rows are written as the "
+                    "thread goes on"
                 )
             if self.done < target:
                 self.queue.put(_WAKE)
@@ -887,12 +888,15 @@ class _Backlog:
                 self.changed.wait()
 
     def locked_here(self) -> bool:
-        """Whether the calling thread holds the lock of a store this backlog's thread writes
-        through (:func:`store_lock`), which the thread would wait for."""
+        """Whether the calling thread holds a lock this backlog's thread takes to write
+        through one of its stores (:func:`store_lock`, or the store's own), which the thread
+        would wait for."""
         for ref in list(self.users):
             writer = ref()
-            lock = _LOCKS.get(writer.store) if writer is not None else None
-            if lock is not None and lock.held_here():
+            if writer is None:
+                continue
+            lock = _LOCKS.get(writer.store)
+            if (lock is not None and lock.held_here()) or writer.store._held_here():
                 return True
         return False
 

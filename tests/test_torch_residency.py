@@ -1128,6 +1128,55 @@ def _ran_or_failed(script_and_args: list[str], hung_means: str) -> subprocess.Co
         pytest.fail(f"{hung_means}: {said}")
 
 
+_IN_A_SIGNAL_HANDLER_INSIDE_THE_STORE = SHARED + textwrap.dedent(
+    f"""
+    import os, signal, sys
+    sys.path.insert(0, {str(ROOT)!r})
+    from somatize import Store
+    from somatize_torch.rows import cache_rows
+
+    cached = cache_rows(mlp(), Store(sys.argv[1]))
+
+    def on_signal(*_):  # as a checkpoint saved on a requeue signal flushes
+        try:
+            cached.flush()
+            print("flushed in the handler", flush=True)
+        except BaseException as error:
+            print("raised", type(error).__name__, flush=True)
+
+    signal.signal(signal.SIGUSR1, on_signal)
+    cached(rows(8))
+    with cached.store._lock:  # as a forward's call into the store holds it
+        os.kill(os.getpid(), signal.SIGUSR1)  # its handler runs here, inside the block
+    cached.flush()
+    print("flushed", flush=True)
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1 on this platform")
+def test_a_flush_in_a_signal_handler_inside_a_store_call_says_so_rather_than_hang(
+    tmp_path: Path,
+) -> None:
+    """A signal handler that flushes (a checkpoint saved on a cluster's requeue signal),
+    run while its thread is inside a call into a directory's store that holds the store's
+    own lock, says it would wait for itself (``WaitsForItself``), where it waited for ever
+    for the writer thread, which waits for that lock to publish. Every row is written all
+    the same."""
+    store = tmp_path / "store"
+    done = _ran_or_failed(
+        [_IN_A_SIGNAL_HANDLER_INSIDE_THE_STORE, str(store)],
+        "a flush in a signal handler inside a store call waited for ever",
+    )
+    assert done.stdout.splitlines() == ["raised WaitsForItself", "flushed"], (
+        done.stdout + done.stderr[-2000:]
+    )
+    again = cache_rows(mlp(), Store(store))
+    x = rows(8)
+    assert torch.equal(again(x), truth(x))
+    assert again.stats.from_store == 8
+
+
 _IN_A_COLLECTION_INSIDE_THE_LOOKUP = SHARED + textwrap.dedent(
     """
     import gc

@@ -609,6 +609,11 @@ class PackedHome(Spills, Store):
         that gc read the records, so it leaves them."""
         _HOMES.add(self)
 
+    def _held_here(self) -> bool:
+        # A write publishes under ``_lock``: a thread interrupted inside a block holding it
+        # (by a signal handler or a finalizer) that waited for a write would wait for ever.
+        return bool(self._lock._is_owned())  # type: ignore[attr-defined]
+
     def _not_kept(self, said: str) -> Missing:
         """The error for what this home was asked and does not hold, ``said`` saying what;
         a home that can tell why (no bucket there) says so too."""

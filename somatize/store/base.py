@@ -553,6 +553,12 @@ class Store(abc.ABC):  # noqa: B024 (its abstract methods are marked by `require
     through it. Callers that write from a thread of their own (a row cache's writer) ask
     a store that says no only under a lock of theirs, and one that says yes without."""
 
+    def _held_here(self) -> bool:
+        """Whether the calling thread holds a lock of this object that a write through it
+        takes: code run on that thread meanwhile (a signal handler, a finalizer) must not
+        wait there for a write. A store of this class holds none of its own."""
+        return False
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Store:
         if cls is Store:
             if not args and "path" not in kwargs and "url" not in kwargs:
