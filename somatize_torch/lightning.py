@@ -121,6 +121,7 @@ from somatize_torch._prefill import check_callable, check_flag, check_loader
 from somatize_torch.ahead import Ahead
 from somatize_torch.freeze import refuse_tied
 from somatize_torch.rows import DEVICE_BYTES, HOST_BYTES, CachedRows, RowStats, check_options
+from somatize_torch.writer import WaitsForItself
 
 try:
     import lightning.pytorch as pl
@@ -870,7 +871,12 @@ class CacheFrozen(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         for cached in self._cached.values():
-            cached.flush()  # a checkpoint's run can be resumed from the store
+            # A checkpoint's run can be resumed from the store. One saved by a signal handler
+            # inside a call into the store (a cluster's requeue signal) cannot wait for the
+            # writer, which needs that call's lock: it is saved without, as the rows go on
+            # being written, and a resume computes again any that never were.
+            with contextlib.suppress(WaitsForItself):
+                cached.flush()
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         """Flushes, and puts back each module as :meth:`setup` found it (mode and

@@ -3608,3 +3608,36 @@ def test_a_checkpoint_of_a_module_given_a_bucket_store_holds_none_of_its_credent
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "x")
     loaded = torch.load(written[0], weights_only=False)["hyper_parameters"]["store"]
     assert bytes(loaded.get(loaded.put(b"read back"))) == b"read back"
+
+
+class _CheckpointedOnASignal(Probe):
+    """A probe whose second step is interrupted, inside a call into the store, by a
+    handler that saves a checkpoint (as Lightning does on a cluster's requeue signal)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__()
+        self.path = path
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        if batch_idx == 1:
+            cache = next(c for c in self.trainer.callbacks if isinstance(c, CacheFrozen))
+            with cache._cached["encoder"].store._lock:  # as a forward reading rows holds it
+                self.trainer.save_checkpoint(self.path)
+        return loss
+
+
+def test_a_checkpoint_saved_inside_a_call_into_the_store_is_saved(tmp_path: Path) -> None:
+    """A checkpoint saved by a signal handler that ran inside a call into the store (a
+    requeue signal landing in a forward's lookup) cannot wait for the rows in flight: it
+    is saved without, rather than fail the fit, and the rows are written all the same."""
+    store = tmp_path / "store"
+    model = _CheckpointedOnASignal(tmp_path / "requeue.ckpt")
+    cache = CacheFrozen(store, ["encoder"])
+    trainer(tmp_path, 1, callbacks=[cache]).fit(model, loader(shuffle=False))
+    assert (tmp_path / "requeue.ckpt").exists()
+    assert cache.history[0].rows.computed > 0
+    again = CacheFrozen(store, ["encoder"])
+    trainer(tmp_path, 1, callbacks=[again]).fit(Probe(), loader(shuffle=False))
+    assert again.history[0].rows.computed == 0
+    assert again.history[0].rows.recalled == cache.history[0].rows.computed
