@@ -1014,6 +1014,44 @@ def test_every_flush_that_waited_for_a_failed_write_raises_it(
     cached.close()
 
 
+_TERMINATED = SHARED + textwrap.dedent(
+    f"""
+    import os, signal, sys, time
+    sys.path.insert(0, {str(ROOT)!r})
+    from somatize import Store
+    from somatize_torch.rows import cache_rows
+
+    if sys.argv[2] == "made an exit":
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    cached = cache_rows(mlp(), Store(sys.argv[1]))
+    cached(rows(300))
+    os.kill(os.getpid(), signal.SIGTERM)  # as a cluster preempting the job
+    time.sleep(30)
+    """
+)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM") or os.name == "nt", reason="POSIX signals")
+@pytest.mark.parametrize("handled", ["made an exit", "left as it is"])
+def test_rows_of_a_terminated_process_are_kept_where_the_signal_is_made_an_exit(
+    tmp_path: Path, handled: str
+) -> None:
+    """A SIGTERM, as the documentation says, loses the rows not yet written unless the
+    script makes it an exit (then exit flushes); either way a later run recalls only rows
+    that are right, and computes the rest."""
+    store = tmp_path / "store"
+    done = _ran_or_failed([_TERMINATED, str(store), handled], "a terminated process hung")
+    assert done.returncode == (143 if handled == "made an exit" else -signal.SIGTERM), done.stderr[
+        -2000:
+    ]
+    again = cache_rows(mlp(), Store(store))
+    x = rows(300)
+    assert torch.equal(again(x), truth(x))
+    if handled == "made an exit":
+        assert again.stats.from_store == 300
+    again.close()
+
+
 @pytest.mark.parametrize("ending", ["kept", "dropped", "one of two dropped", "two dropped"])
 def test_rows_not_flushed_are_written_at_interpreter_exit(tmp_path: Path, ending: str) -> None:
     """A process that computes rows and exits without flushing — the cache still held, or
