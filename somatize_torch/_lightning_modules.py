@@ -79,7 +79,7 @@ from somatize_torch._row_keys import _floating_dtypes, _run_in
 from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.freeze import AsFound, asked_changes, few, refuse_scripted
-from somatize_torch.rows import CachedRows, cache_rows
+from somatize_torch.rows import CachedRows, cache_rows, never_called
 from somatize_torch.wrap import Wrapped
 
 if TYPE_CHECKING:
@@ -167,6 +167,13 @@ def find(pl_module: pl.LightningModule, name: str) -> tuple[nn.Module, str, nn.M
             "cached row by row (its rows would be looked up inside the compiled "
             "graph). Compile the model or the head around it instead: the cached "
             f"`{name}` becomes a graph break and everything else compiles"
+        )
+    if never_called(found):
+        parts = ", ".join(f"`{name}.{part}`" for part in found._modules) or "none"
+        raise CacheFrozenError(
+            f"`{name}` is a `{type(found).__qualname__}` with no forward of its own: it is "
+            "never called, only its parts are, and those would run uncached. Name each "
+            f"part that is called instead (it holds {parts})"
         )
     return parent, attribute, found
 

@@ -138,6 +138,7 @@ __all__ = [
     "Unfrozen",
     "cache_rows",
     "check_options",
+    "never_called",
     "prefill",
 ]
 
@@ -825,6 +826,24 @@ def _refuse_caches_inside(module: nn.Module) -> None:
         )
 
 
+def never_called(module: nn.Module) -> bool:
+    """Whether ``module`` has no forward of its own (an ``nn.ModuleList``, an
+    ``nn.ModuleDict``): only its parts are ever called, so a cache of it caches nothing."""
+    return type(module).forward is nn.Module.forward and "forward" not in module.__dict__
+
+
+def _refuse_never_called(module: nn.Module) -> None:
+    """Refuses ``module`` with no forward of its own: its parts, iterated or indexed
+    through a cache of it, would run uncached, and nothing would say so."""
+    if never_called(module):
+        raise RowsError(
+            f"this `{type(module).__qualname__}` has no forward of its own: it is never "
+            "called, only its parts are, and those run uncached, so a cache of it would "
+            "cache nothing. Cache each part that is called instead, as "
+            "`nn.ModuleList([cache_rows(part, store) for part in parts])`"
+        )
+
+
 def cache_rows(
     module: nn.Module,
     store: Store | str | os.PathLike[str] | None = None,
@@ -852,6 +871,7 @@ def cache_rows(
     if isinstance(module, CachedRows):
         raise RowsError("this module is already cached per row; cache the module inside once")
     _refuse_caches_inside(module)
+    _refuse_never_called(module)
     container = any(hasattr(type(module), method) for method in _CONTAINER)
     kind = CachedContainer if container else CachedRows
     return kind(

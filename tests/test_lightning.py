@@ -2453,6 +2453,35 @@ def test_unknown_submodule_is_refused(tmp_path: Path) -> None:
         trainer(tmp_path, 1, callbacks=[callback]).fit(Probe(), loader())
 
 
+class Ensemble(Probe):
+    """Holds frozen encoders in a list, each called on its own."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ensemble = nn.ModuleList([Encoder(), Encoder()]).requires_grad_(False).eval()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(sum(encoder(x) for encoder in self.ensemble))
+
+
+def test_a_list_of_encoders_is_refused_naming_its_parts(tmp_path: Path) -> None:
+    """A list of encoders, which is never called itself, is refused at setup, naming the
+    parts to name instead: its parts would run uncached, with nothing saying so. Named
+    each, every one of them is cached."""
+    callback = CacheFrozen(None, ["ensemble"])
+    said = r"`ensemble` is a `ModuleList` with no forward .* `ensemble.0`, `ensemble.1`\)"
+    with pytest.raises(CacheFrozenError, match=said):
+        trainer(tmp_path, 1, callbacks=[callback]).fit(Ensemble(), loader())
+    callback = CacheFrozen(None, ["ensemble.0", "ensemble.1"])
+    trainer(tmp_path / "parts", 2, callbacks=[callback]).fit(Ensemble(), loader())
+    assert [(e.epoch, e.module, e.hit_rate) for e in callback.history] == [
+        (0, "ensemble.0", 0.0),
+        (0, "ensemble.1", 0.0),
+        (1, "ensemble.0", 1.0),
+        (1, "ensemble.1", 1.0),
+    ]
+
+
 class Stacked(Probe):
     """Holds its encoder a second time inside a larger backbone, which it runs too."""
 

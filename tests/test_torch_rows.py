@@ -4307,6 +4307,22 @@ def test_a_module_holding_a_part_cached_per_row_is_refused(store: Store) -> None
             cached(x)
 
 
+def test_a_module_with_no_forward_of_its_own_is_refused(store: Store) -> None:
+    """A list or dict of encoders (an ensemble) is never called, only its parts are, and a
+    cache of it hands those out uncached: it is refused when made, saying to cache each
+    part. A list of parts each cached caches every one of them."""
+    encoders = nn.ModuleList([nn.Linear(4, 2), nn.Linear(4, 2)])
+    for whole in (encoders, nn.ModuleDict({"a": encoders[0]})):
+        with pytest.raises(RowsError, match=r"no forward of its own: .* Cache each part"):
+            cache_rows(whole, store)
+    cached = nn.ModuleList([cache_rows(part, store) for part in encoders])
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        for part in cached:
+            part(x)
+    assert [part.stats.recalled for part in cached] == [3, 3]
+
+
 def test_a_cache_remembers_store_keys_up_to_one_count_over_all_its_row_shapes(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
