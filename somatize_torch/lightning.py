@@ -500,8 +500,11 @@ class CacheFrozen(Callback):
         # What the prefill draws (a DataLoader's seed, a Dataset's augmentation) is not the
         # fit's: the fit draws what it would without the callback.
         with generators_kept(pl_module.device), forward_context(trainer), torch.no_grad():
-            for job in self._prefills:
-                cached = self._cached.get(self._aliases.get(job.module, job.module))
+            for named in self._prefills:
+                # A module held under two names is counted under the first, as it is
+                # in the stages.
+                job = replace(named, module=self._aliases.get(named.module, named.module))
+                cached = self._cached.get(job.module)
                 if cached is None:
                     continue  # left uncached (a fine-tuning callback trains it), as warned
                 version = self._version_as(*job.keyed_as)

@@ -2336,6 +2336,21 @@ def test_a_module_under_two_names_is_cached_once_under_both(
     assert list(model.state_dict()) == keys
 
 
+def test_a_prefill_of_a_module_under_its_second_name_is_counted_under_the_first(
+    tmp_path: Path,
+) -> None:
+    """A prefill through the second name of a module held under two is the one cache's,
+    and is counted under the first name, as the stages count it."""
+    callback = CacheFrozen(None, ["encoder", "twin"])
+    callback.prefill(loader(shuffle=False), module="twin", progress=False)
+    trainer(tmp_path, 1, callbacks=[callback]).fit(Twin(), loader())
+    assert [(e.stage, e.module) for e in callback.history] == [
+        ("prefill", "encoder"),
+        ("train", "encoder"),
+    ]
+    assert callback.history[1].rows.recalled == 2 * SAMPLES
+
+
 class SharedStem(Probe):
     """Two frozen encoders sharing their first part, a convolution and a BatchNorm, each
     with a head: the stem frozen by ``requires_grad_(False)`` alone, and left in train mode
