@@ -106,6 +106,7 @@ __all__ = [
     "places_of",
     "put_back_all",
     "replaced",
+    "twins",
     "uncache",
     "unwrapped",
     "waits_for_own_setup",
@@ -226,6 +227,40 @@ def nested(
                 "change at every call, and never recall them. Cache one of the two only: "
                 "name it to one callback, or put the module itself back in place of its "
                 "cache before fitting"
+            )
+    return None
+
+
+def same_weights(a: nn.Module, b: nn.Module) -> bool:
+    """Whether modules ``a`` and ``b`` are of one class, holding equal weights and buffers
+    under the same names."""
+    if type(a) is not type(b):
+        return False
+    ours, theirs = a.state_dict(), b.state_dict()
+    return ours.keys() == theirs.keys() and all(
+        isinstance(t, torch.Tensor)
+        and isinstance(ours[k], torch.Tensor)
+        and ours[k].shape == t.shape
+        and ours[k].dtype == t.dtype
+        and ours[k].device == t.device
+        and torch.equal(ours[k], t)
+        for k, t in theirs.items()
+    )
+
+
+def twins(todo: list[tuple[str, nn.Module]]) -> CacheFrozenError | None:
+    """The refusal, keyed by index, of two of the modules ``todo`` (each with its name)
+    that are copies of one encoder with the same weights (a query and a passage encoder
+    loaded from one checkpoint); None where none are. Their rows are keyed alike, so
+    for each sample the rows one computed would answer the other's input."""
+    for place, (name, module) in enumerate(todo):
+        other = next((o for o, m in todo[place + 1 :] if same_weights(module, m)), None)
+        if other is not None:
+            return CacheFrozenError(
+                f"`{name}` and `{other}` are copies of one `{type(module).__qualname__}` "
+                "with the same weights: keyed by index, their rows are keyed alike, so for "
+                "each sample the rows one computed would be answered for the other's input. "
+                "Key this callback by content (`key='content'`)"
             )
     return None
 

@@ -162,6 +162,7 @@ from somatize_torch._lightning_modules import (
     pass_through,
     put_back_all,
     replaced,
+    twins,
     uncache,
     waiting_with,
     waits_for_own_setup,
@@ -399,7 +400,7 @@ class CacheFrozen(Callback):
                 self._aliases[name] = named  # one module under two names: one cache
                 continue
             todo.append((name, parent, attribute, found))
-        refused = nested(pl_module, [(name, found) for name, _, _, found in todo])
+        refused = self._refused(pl_module, [(name, found) for name, _, _, found in todo])
         if refused is not None:
             raise refused
         # One requiring grad is looked at once the LightningModule's own `setup()` has run,
@@ -419,6 +420,16 @@ class CacheFrozen(Callback):
                 self,
                 functools.partial(self._cache_found_again, trainer, pl_module, stage, waiting),
             )
+
+    def _refused(
+        self, pl_module: pl.LightningModule, todo: list[tuple[str, nn.Module]]
+    ) -> CacheFrozenError | None:
+        """The refusal of the modules ``todo`` (each with its name), one inside another
+        (:func:`nested`), or, keyed by index, two copies of one encoder (:func:`twins`)."""
+        refused = nested(pl_module, todo)
+        if refused is None and self.key == "index":
+            refused = twins(todo)
+        return refused
 
     def _cache_found_again(
         self,
@@ -443,7 +454,7 @@ class CacheFrozen(Callback):
             if refused is not None:
                 raise refused
             todo.append((name, parent, attribute, found))
-        refused = nested(pl_module, [(name, found) for name, _, _, found in todo])
+        refused = self._refused(pl_module, [(name, found) for name, _, _, found in todo])
         if refused is not None:
             raise refused
         self._cache(trainer, pl_module, stage, todo)

@@ -2351,6 +2351,52 @@ def test_a_prefill_of_a_module_under_its_second_name_is_counted_under_the_first(
     assert callback.history[1].rows.recalled == 2 * SAMPLES
 
 
+class TwoTowers(Probe):
+    """A query and a passage encoder loaded from one checkpoint, each called on its own
+    input of a sample, keyed by index."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.passage = copy.deepcopy(self.encoder)
+        self.seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self.encoder.eval()
+        self.passage.eval()
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y, index = batch
+        passages = x.flip(1)  # another input of each sample
+        with torch.no_grad():
+            features = self.encoder(x, index=index)
+            answered = self.passage(passages, index=index)
+        self.seen.append((passages, answered))
+        return nn.functional.cross_entropy(self.head(features + answered), y)
+
+
+def test_two_copies_of_one_encoder_keyed_by_index_are_refused(tmp_path: Path) -> None:
+    """Two named copies of one encoder with the same weights are refused keyed by index,
+    before anything is cached: their rows are keyed alike, so each sample's passage would
+    be answered the query's rows. With weights apart, each is answered its own rows."""
+    images, labels = data()
+    indexed = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(images, labels, torch.arange(SAMPLES)), batch_size=8
+    )
+    callback = CacheFrozen(None, ["encoder", "passage"], key="index", version="towers@1")
+    model = TwoTowers()
+    with pytest.raises(CacheFrozenError, match=r"`encoder` and `passage` are copies of one"):
+        trainer(tmp_path, 1, callbacks=[callback]).fit(model, indexed)
+    assert type(model.passage) is Encoder and not model.seen
+    model = TwoTowers()
+    with torch.no_grad():
+        model.passage.conv.bias.add_(1.0)  # fine-tuned apart: another encoder
+    callback = CacheFrozen(None, ["encoder", "passage"], key="index", version="towers@1")
+    trainer(tmp_path / "apart", 1, callbacks=[callback]).fit(model, indexed)
+    with torch.no_grad():
+        assert all(torch.equal(got, model.passage(asked)) for asked, got in model.seen)
+    assert len(model.seen) == SAMPLES // 8
+
+
 class SharedStem(Probe):
     """Two frozen encoders sharing their first part, a convolution and a BatchNorm, each
     with a head: the stem frozen by ``requires_grad_(False)`` alone, and left in train mode
