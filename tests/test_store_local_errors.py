@@ -11,9 +11,11 @@ folder of the store, as the system does for another user's folder.
 from __future__ import annotations
 
 import errno
+import gc
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -268,3 +270,23 @@ def test_a_store_whose_directory_is_gone_is_not_writable(tmp_path: Path, how: st
         shutil.rmtree(root)
     assert not store.writable()
     assert not root.exists()
+
+
+def test_a_joined_write_let_go_of_unclosed_removes_its_file_and_says_so(tmp_path: Path) -> None:
+    """A joined write dropped with neither a close nor an abort leaves no file open and no
+    pack in ``tmp/`` (which a gc would leave be while it is claimed), and a ResourceWarning
+    says that what was added is not kept, as Python says of a file left open."""
+    store = LocalStore(tmp_path / "store")
+    key = "blake3:" + "ab" * 32
+    joined = store.open_joined("plain")
+    joined.add([key], b"abc", [3])
+    assert list((tmp_path / "store" / "tmp").iterdir())  # the pack is being written there
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        del joined
+        gc.collect()
+    said = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert len(said) == 1
+    assert "joined write" in said[0] and "not kept" in said[0]
+    assert list((tmp_path / "store" / "tmp").iterdir()) == []
+    assert store.have([key]) == set()

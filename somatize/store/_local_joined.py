@@ -20,6 +20,8 @@ import bisect
 import contextlib
 import itertools
 import os
+import warnings
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -70,6 +72,7 @@ class StreamedJoin(JoinedWrite):
     def __init__(self, store: LocalFiles, codec: str, fingerprint: str | None) -> None:
         super().__init__(store, codec, fingerprint)
         self._pack: _Pack | None = None
+        self._dropped: weakref.finalize[[_Pack, str], StreamedJoin] | None = None
 
     def _taken(self, keys: list[str], pieces: Sequence[Buffer], lengths: list[int]) -> None:
         if max(lengths, default=0) >= PACK_ITEM_BELOW:
@@ -109,6 +112,9 @@ class StreamedJoin(JoinedWrite):
                 stack.close()
                 raise home._unwritten(temporary, None, why) from why
             pack = self._pack = _Pack(stack, temporary, out, hasher_for(pieces))
+            # A write let go of unclosed would otherwise hold its file open and its claim
+            # on tmp/ (which a gc leaves be) until the process ends.
+            self._dropped = weakref.finalize(self, _let_go, pack, repr(home))
         try:
             for run in steady_runs(pieces, _RUN):  # what is hashed is what is written
                 pack.hasher.update(run)
@@ -128,6 +134,7 @@ class StreamedJoin(JoinedWrite):
         home, pack = self.store, self._pack
         assert pack is not None
         self._pack = None
+        self._keep_pack()
         with pack.stack:
             try:
                 try:
@@ -153,6 +160,11 @@ class StreamedJoin(JoinedWrite):
                     home, digest, pack.keys, pack.lengths, self.codec, self.fingerprint, entries
                 )
 
+    def _keep_pack(self) -> None:
+        """Takes the pack in hand again: its finish or abort, not the finalizer, ends it."""
+        if self._dropped is not None:
+            self._dropped.detach()
+
     def close(self) -> None:
         if self.closed:
             return
@@ -167,8 +179,22 @@ class StreamedJoin(JoinedWrite):
     def abort(self) -> None:
         pack, self._pack = self._pack, None
         if pack is not None:
+            self._keep_pack()
             pack.discard()
         super().abort()
+
+
+def _let_go(pack: _Pack, store: str) -> None:
+    """Removes the pack of a joined write let go of with neither a close nor an abort, and
+    says so, as Python says of a file left open: none of what was added is kept."""
+    pack.discard()
+    warnings.warn(
+        f"a joined write to {store} was let go of unclosed: the {len(pack.keys)} answers "
+        "added to it are not kept. Close it (`with store.open_joined(...) as joined:`), "
+        "or abort it to drop them",
+        ResourceWarning,
+        stacklevel=2,
+    )
 
 
 def _remove(temporary: str) -> None:
