@@ -632,3 +632,28 @@ def test_a_store_kept_under_a_file_url_s_escapes_as_written_is_not_left_for_an_e
     assert sorted(p.name for p in tmp_path.iterdir()) == ["my%20store"]
     again = Store.on_bucket(f"file://{tmp_path}/my%2520store")
     assert bytes(again.recall(key)[1]) == b"kept before"
+
+
+class _BytesPath:
+    """An os.PathLike whose path is bytes (`os.fsencode`d), as some path libraries hand."""
+
+    def __fspath__(self) -> bytes:
+        return b"features"
+
+
+def test_a_path_like_of_bytes_is_refused_saying_what_to_pass(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path-like object whose path is bytes is refused with a `TypeError` that says a
+    store's directory is a str path — not Python's bare "a bytes-like object is required"
+    from deep inside — and nothing is made."""
+    monkeypatch.chdir(tmp_path)
+    g = Graph.somatize(Echo().named("e").frozen().cached())
+    for opened in (
+        lambda: Store(_BytesPath()),  # type: ignore[arg-type]
+        lambda: Store.of(_BytesPath()),  # type: ignore[arg-type]
+        lambda: g.forward(1, store=_BytesPath()),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(TypeError, match=r"path as bytes.*os\.fsdecode"):
+            opened()
+    assert list(tmp_path.iterdir()) == []

@@ -431,6 +431,18 @@ def unmarked(
     )
 
 
+def path_text(path: str | os.PathLike[str]) -> str:
+    """The text of ``path``; TypeError, saying what to pass, for a path-like object whose
+    path is bytes (which every str check of it after would fail on, unclearly)."""
+    text = os.fspath(path)
+    if not isinstance(text, str):
+        raise TypeError(
+            f"a store's directory is a str path, but the `{type(path).__name__}` given "
+            f"gives its path as bytes ({text!r}); pass os.fsdecode(path)"
+        )
+    return text
+
+
 def no_directory_to_read(where: str) -> BadAddress:
     """The refusal of a store opened ``read_only=True`` at ``where``, where no directory is:
     a read-only store makes none, and an empty store there would hide a mistyped path."""
@@ -586,7 +598,7 @@ class Store(abc.ABC):  # noqa: B024 (its abstract methods are marked by `require
         if where is None or isinstance(where, Store):
             return where
         if isinstance(where, (str, os.PathLike)):
-            path = os.fspath(where)
+            path = path_text(where)
             if "://" in path:
                 return Store.on_bucket(path)
             from somatize.store.local import LocalStore

@@ -90,6 +90,7 @@ from somatize.store.base import (
     inside_a_section,
     keys_of,
     no_directory_to_read,
+    path_text,
     section_above,
     store_kind,
     unmarked,
@@ -271,10 +272,11 @@ class LocalStore(LocalShelf):
                 "a store in the current directory); pass the directory, `'.'` if that is "
                 "what you mean, or `store=None` to keep and recall nothing"
             )
-        _check_not_a_url(os.fspath(path))
-        if "\x00" in os.fspath(path):
+        text = path_text(path)
+        _check_not_a_url(text)
+        if "\x00" in text:
             raise BadAddress(
-                f"a store's directory {os.fspath(path)!r} holds a NUL character, which no "
+                f"a store's directory {text!r} holds a NUL character, which no "
                 "file name can: pass the directory's path as it is written"
             )
         # Anchored now: a relative path would otherwise follow a later `os.chdir`, and
