@@ -657,3 +657,32 @@ def test_a_path_like_of_bytes_is_refused_saying_what_to_pass(
         with pytest.raises(TypeError, match=r"path as bytes.*os\.fsdecode"):
             opened()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("path", "match"),
+    [
+        ("$HOME/features", r"`\$HOME`.*not expanded.*os\.path\.expandvars"),
+        ("${SCRATCH}/features", r"`\$\{SCRATCH\}`.*not expanded"),
+        ("features\n", r"control character.*strip"),
+        ("feat\tures", r"control character"),
+    ],
+)
+def test_a_new_store_path_holding_a_variable_or_a_line_end_is_refused(
+    path: str, match: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A path that names `$HOME` (a variable left unexpanded, from a config file or an
+    env file) or ends in a line end (read from a file) would make a folder named so under
+    the working directory, where no run that spells the path as meant finds its answers:
+    a store to be made there is refused, naming what to do, and nothing is made. A
+    directory of that very name made first is opened, as asked."""
+    monkeypatch.chdir(tmp_path)
+    g = Graph.somatize(Echo().named("e").frozen().cached())
+    for opened in (lambda: Store(path), lambda: Store.of(path), lambda: g.forward(1, store=path)):
+        with pytest.raises(BadAddress, match=match):
+            opened()
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / path).mkdir(parents=True)
+    store = Store(path)
+    assert isinstance(store, LocalStore) and store.root == tmp_path / path
+    assert (tmp_path / path / "blobs").is_dir()

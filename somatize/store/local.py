@@ -227,6 +227,33 @@ def _check_not_a_url(path: str | bytes) -> None:
         )
 
 
+_VARIABLE = re.compile(r"\$(?:\w+|\{[^}]*\})")
+"""A shell variable (``$HOME``, ``${SCRATCH}``): the filesystem takes it as it is written."""
+
+_CONTROL = re.compile(r"[\x01-\x1f\x7f]")
+"""A control character (a line end, a tab): no directory a user types holds one."""
+
+
+def _check_spelled_as_meant(path: str) -> None:
+    """Refuses to make a store at a path that names a shell variable left unexpanded (from
+    a config or env file) or holds a control character (a line end kept from a file it was
+    read from): the directory made would be named so, under the working directory, and no
+    run spelling the path as meant would find its answers."""
+    variable = _VARIABLE.search(path)
+    if variable is not None:
+        raise BadAddress(
+            f"a store's directory {path!r} names `{variable.group()}`, which is not "
+            "expanded here: it would be made as a folder of that name. Expand it "
+            "(os.path.expandvars(path)), or make the directory first to mean that name"
+        )
+    if _CONTROL.search(path) is not None:
+        raise BadAddress(
+            f"a store's directory {path!r} holds a control character (a line end, a tab), "
+            "most likely kept from the file or variable it was read from: strip it, or "
+            "make the directory first to mean that name"
+        )
+
+
 def no_home(where: str, path: str) -> BadAddress:
     """What opening a store at ``where`` raises when its directory, ``path``, starts in the
     home of a user this system does not know (``~nosuchuser/x``), or no home is known."""
@@ -296,6 +323,8 @@ class LocalStore(LocalShelf):
             raise inside_a_section(where, found)
         if self.read_only and not self.root.is_dir():
             raise no_directory_to_read(str(self.root))
+        if not self.read_only and not os.path.lexists(self.root):
+            _check_spelled_as_meant(text)
         self.durable = durable
         self._resolved: str | None = None
         """The root, resolved the first time an address was asked for (once, not per job)."""
