@@ -686,3 +686,24 @@ def test_a_new_store_path_holding_a_variable_or_a_line_end_is_refused(
     store = Store(path)
     assert isinstance(store, LocalStore) and store.root == tmp_path / path
     assert (tmp_path / path / "blobs").is_dir()
+
+
+def test_a_store_opened_by_a_link_repointed_since_gives_the_address_it_writes_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store opened by a link (`current` → one store) keeps answers where the link leads
+    now; its address, asked again after the link is repointed to another store, names
+    that one — so workers opened from it reach the answers this process keeps, not the
+    store the link led to when the address was first asked."""
+    monkeypatch.chdir(tmp_path)
+    LocalStore("first"), LocalStore("second")
+    os.symlink("first", "current")
+    store = LocalStore("current")
+    assert store.address()["root"] == str((tmp_path / "first").resolve())
+    os.unlink("current")
+    os.symlink("second", "current")
+    kept = key_of("kept after the link moved")
+    store.keep(kept, b"answer", "plain")
+    assert store.address()["root"] == str((tmp_path / "second").resolve())
+    worker = Store.from_address(store.address())
+    assert bytes(worker.recall(kept)[1]) == b"answer"

@@ -326,8 +326,9 @@ class LocalStore(LocalShelf):
         if not self.read_only and not os.path.lexists(self.root):
             _check_spelled_as_meant(text)
         self.durable = durable
-        self._resolved: str | None = None
-        """The root, resolved the first time an address was asked for (once, not per job)."""
+        self._resolved: tuple[tuple[int, int] | None, str] | None = None
+        """The root's directory (device, inode) and the root resolved when an address was
+        last asked for: resolved again only where the directory is another since."""
         self.signer: Signer | None = signer_from(signing_key)
         kind = _kind_at(str(self.root))
         if kind is None and not _fresh(str(self.root)):
@@ -435,11 +436,15 @@ class LocalStore(LocalShelf):
         """The directory (resolved), whether publishes are fsynced, and the fingerprint of
         the signing key: another process on a machine that sees the same directory opens
         this store from it (:meth:`Store.from_address`)."""
-        if self._resolved is None:
-            self._resolved = str(self.root.resolve())
+        # Resolved again where the root is another directory than when it was resolved (a
+        # link to the store repointed since, which this process now writes through): one
+        # stat, not a walk of every link on the path, for each job that asks.
+        directory = _identity(self.root)
+        if self._resolved is None or self._resolved[0] != directory:
+            self._resolved = (directory, str(self.root.resolve()))
         return {
             "home": READ_ONLY_LOCAL if self.read_only else "local",
-            "root": self._resolved,
+            "root": self._resolved[1],
             "durable": self.durable,
             "signed": None if self.signer is None else self.signer.fingerprint,
         }
@@ -929,6 +934,15 @@ class LocalStore(LocalShelf):
             created = self._packs_look.created
             self._packs_look = _PacksLook()
             self._packs_look.created = created
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The directory ``path`` leads to now, as (device, inode); None where it is gone."""
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def _kind_at(root: str) -> str | None:
