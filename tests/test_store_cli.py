@@ -962,7 +962,8 @@ def _left_without_empty_folders(store: Store) -> set[str]:
         for folder in sorted(store.root.rglob("*"), key=lambda at: -len(at.parts)):
             if folder.is_dir() and not any(folder.iterdir()):
                 folder.rmdir()
-        return {at.name for at in store.root.iterdir()}
+        # Its `.gitignore` (keeping a local store out of git) is no part of the store.
+        return {at.name for at in store.root.iterdir()} - {".gitignore"}
     from somatize.store import BucketStore
 
     assert isinstance(store, BucketStore)

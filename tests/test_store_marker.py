@@ -5,6 +5,7 @@ opened."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -274,3 +275,27 @@ def test_a_quarantine_that_is_no_bool_is_refused_as_such_before_the_marker_is_lo
     with pytest.raises(TypeError, match=r"quarantine= is True or False, got 'no'"):
         store.verify(quarantine="no")  # type: ignore[arg-type]
     assert sorted(p.name for p in root.iterdir()) == ["quarantine"]
+
+
+def test_a_store_made_in_a_git_checkout_is_kept_out_of_it(tmp_path: Path) -> None:
+    """A store made inside a project's checkout writes a `.gitignore` of `*` at its root,
+    so `git add -A` adds none of its blobs; a `.gitignore` of the user's own, in the
+    folder before the store was made there, is left as it is."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    store = LocalStore(tmp_path / "store")
+    store.keep(KEY, b"an answer", "plain")
+    store.put(b"a blob")
+    listed = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=tmp_path,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    assert listed == ""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / ".gitignore").write_text("blobs/\n")
+    LocalStore(mine).put(b"a blob")
+    assert (mine / ".gitignore").read_text() == "blobs/\n"
+    assert (mine / MARKER).read_bytes() == MARKER_DATA

@@ -227,6 +227,9 @@ def _check_not_a_url(path: str | bytes) -> None:
         )
 
 
+GITIGNORE = "# made by somatize: a store is kept out of git\n*\n"
+"""What a new store's ``.gitignore`` holds: every file of the store, itself included."""
+
 _VARIABLE = re.compile(r"\$(?:\w+|\{[^}]*\})")
 """A shell variable (``$HOME``, ``${SCRATCH}``): the filesystem takes it as it is written."""
 
@@ -398,6 +401,7 @@ class LocalStore(LocalShelf):
             with contextlib.suppress(OSError):
                 os.unlink(part)
             return False
+        _keep_out_of_git(self.root)
         return True
 
     def _store_kind(self) -> str | None:
@@ -934,6 +938,18 @@ class LocalStore(LocalShelf):
             created = self._packs_look.created
             self._packs_look = _PacksLook()
             self._packs_look.created = created
+
+
+def _keep_out_of_git(root: Path) -> None:
+    """Writes a ``.gitignore`` of ``*`` at a store's root, where there is none: a store
+    made inside a project's checkout (``./store``) is then no part of what ``git add -A``
+    adds, as a virtual environment or a tool's cache is not. One of the user's own is left
+    as it is, and one that cannot be written is left out: git ignoring is a courtesy."""
+    try:
+        with open(root / ".gitignore", "x") as handle:
+            handle.write(GITIGNORE)
+    except OSError:
+        pass
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

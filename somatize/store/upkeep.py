@@ -308,11 +308,13 @@ def _holds_no_name(shelf: Shelf, entries: list[Entry]) -> bool:
 def _in_store(name: str, roots: list[str]) -> str | None:
     """The folder of ``roots`` whose store ``name`` is a file of (in one of its sections),
     or None. A file beside those sections is no file that store writes: a name bound under
-    the folder's name (``old/v1``) since, which is this store's; its marker is the other's."""
+    the folder's name (``old/v1``) since, which is this store's; its marker, and the
+    ``.gitignore`` a local store writes beside it (no name starts with a dot), are the
+    other's."""
     for root in roots:
         if name.startswith(f"{root}/"):
             inside = name[len(root) + 1 :]
-            if inside == MARKER:
+            if inside in (MARKER, ".gitignore"):
                 return root
             if inside.split("/", 1)[0] in (*SECTIONS, "used") and "/" in inside:
                 return root
