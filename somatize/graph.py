@@ -68,7 +68,8 @@ from somatize.node import (
     tells_state,
 )
 from somatize.placement import Placement
-from somatize.store import BadAddress, Store
+from somatize.store import Store
+from somatize.store.base import current_directory
 
 if TYPE_CHECKING:
     from somatize.engine import Record
@@ -620,20 +621,7 @@ def _anchored(where: str) -> str:
     if not _local(where) or where.startswith(os.sep):
         return where
     tilde = where.startswith("~")
-    return os.path.join(_here(where), os.path.expanduser(where) if tilde else where)
-
-
-def _here(where: str) -> str:
-    """The current directory, which the relative path ``where`` of ``store=`` is taken
-    from; BadAddress when it is gone (removed since the program moved into it)."""
-    try:
-        return os.getcwd()
-    except FileNotFoundError:
-        raise BadAddress(
-            f"store={where!r} is a path from the current directory, which is gone (removed "
-            "since the program moved into it): name the store's directory by an absolute "
-            "path, or move into one that is there"
-        ) from None
+    return os.path.join(current_directory(where), os.path.expanduser(where) if tilde else where)
 
 
 def _topological(expr: Expr) -> list[Node]:

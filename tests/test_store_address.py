@@ -707,3 +707,24 @@ def test_a_store_opened_by_a_link_repointed_since_gives_the_address_it_writes_to
     assert store.address()["root"] == str((tmp_path / "second").resolve())
     worker = Store.from_address(store.address())
     assert bytes(worker.recall(kept)[1]) == b"answer"
+
+
+def test_a_relative_store_path_from_a_removed_current_directory_is_refused_saying_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative path is taken from the current directory; where that was removed since
+    the program moved into it (a run's output folder cleaned up), opening a store there is
+    refused with `BadAddress` saying so — as `store=` of a graph is — not a bare
+    `FileNotFoundError` naming no file."""
+    gone = tmp_path / "run"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    for opened in (
+        lambda: Store("features"),
+        lambda: Store.of("features"),
+        lambda: Store.on_bucket("file://features"),
+        lambda: Store.on_bucket("memory://team/features", cache="blobs-cache"),
+    ):
+        with pytest.raises(BadAddress, match=r"current directory, which is gone.*absolute"):
+            opened()

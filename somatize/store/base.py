@@ -431,6 +431,19 @@ def unmarked(
     )
 
 
+def current_directory(where: str) -> str:
+    """The current directory, which the relative path ``where`` of a store is taken from;
+    BadAddress when it is gone (removed since the program moved into it)."""
+    try:
+        return os.getcwd()
+    except FileNotFoundError:
+        raise BadAddress(
+            f"the store {where!r} is named by a path from the current directory, which is "
+            "gone (removed since the program moved into it): name the store's directory by "
+            "an absolute path, or move into one that is there"
+        ) from None
+
+
 def path_text(path: str | os.PathLike[str]) -> str:
     """The text of ``path``; TypeError, saying what to pass, for a path-like object whose
     path is bytes (which every str check of it after would fail on, unclearly)."""

@@ -80,6 +80,7 @@ from somatize.store.base import (
     case_clash,
     check_digest,
     check_name,
+    current_directory,
     inside_a_section,
     keys_of,
     names_above,
@@ -509,6 +510,8 @@ def _anchored(url: str) -> str:
                 f"{url!r} names a path on this machine holding a NUL character (`%00`), which "
                 "no file or folder name can hold: name the folder without it"
             )
+        if not os.path.isabs(named) and not named.startswith("~"):
+            current_directory(url)  # refused, saying so, where it is gone
         anchored = make_path_posix(named)
         if not os.path.isabs(anchored):  # `~user` of no user this system knows
             raise no_home(url, path)

@@ -87,6 +87,7 @@ from somatize.store.base import (
     StoreError,
     check_digests,
     check_name,
+    current_directory,
     inside_a_section,
     keys_of,
     no_directory_to_read,
@@ -312,7 +313,8 @@ class LocalStore(LocalShelf):
         # Anchored now: a relative path would otherwise follow a later `os.chdir`, and
         # keep answers in (and look for them in) another directory from then on.
         try:
-            self.root = Path(path).expanduser().absolute()
+            root = Path(path).expanduser()
+            self.root = root if root.is_absolute() else Path(current_directory(text), root)
         except RuntimeError:  # ~user names no user this system knows, or no home is known
             raise no_home(os.fspath(path), os.fspath(path)) from None
         # Where the path leads, `..` and links followed: the folders it names may pass
