@@ -728,3 +728,22 @@ def test_a_relative_store_path_from_a_removed_current_directory_is_refused_sayin
     ):
         with pytest.raises(BadAddress, match=r"current directory, which is gone.*absolute"):
             opened()
+
+
+@pytest.mark.parametrize("path", ["current", "current/features"])
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_store_through_a_link_that_leads_nowhere_is_refused_naming_the_link(
+    path: str, read_only: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store's directory reached through a link that leads nowhere (to a disk not
+    mounted, a folder moved) or to itself is refused naming the link and where it leads —
+    not a bare "File exists", nor "holds files but no store" — and nothing is made."""
+    monkeypatch.chdir(tmp_path)
+    os.symlink(tmp_path / "unmounted" / "stores", "current")
+    with pytest.raises(BadAddress, match=r"`.*current` is a link to .*unmounted/stores.*no"):
+        LocalStore(path, read_only=read_only)
+    os.unlink("current")
+    os.symlink("current", "current")
+    with pytest.raises(BadAddress, match=r"`.*current` is a link .*loop"):
+        LocalStore(path, read_only=read_only)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current"]

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import io
 import math
 import mmap
@@ -326,6 +327,8 @@ class LocalStore(LocalShelf):
         if found is not None:
             where = str(self.root) if real == self.root else f"{self.root} (which is {real})"
             raise inside_a_section(where, found)
+        if not os.path.exists(self.root):
+            _check_links_lead_somewhere(self.root)
         if self.read_only and not self.root.is_dir():
             raise no_directory_to_read(str(self.root))
         if not self.read_only and not os.path.lexists(self.root):
@@ -952,6 +955,27 @@ def _keep_out_of_git(root: Path) -> None:
             handle.write(GITIGNORE)
     except OSError:
         pass
+
+
+def _check_links_lead_somewhere(root: Path) -> None:
+    """Refuses a store's ``root`` reached through a link that leads nowhere (a disk not
+    mounted, a folder moved) or round in a loop, naming the link and where it leads: what
+    the filesystem says of it ("File exists", or a folder that holds files) names neither."""
+    for at in (*reversed(root.parents), root):
+        if not os.path.islink(at) or os.path.exists(at):
+            continue
+        target = os.readlink(at)
+        try:
+            os.stat(at)
+        except OSError as why:
+            what = "goes round in a loop" if why.errno == errno.ELOOP else "leads to nothing there"
+        else:  # there since it was looked at: what else is wrong is for mkdir to say
+            continue
+        raise BadAddress(
+            f"cannot open a store at {root}: `{at}` is a link to {target!r}, which {what} "
+            "(a disk not mounted, a folder moved?); mount or make what it leads to, or "
+            "point the link at the store's directory"
+        )
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
