@@ -27,7 +27,8 @@ before it is kept: an input that requires grad (a recalled answer is a leaf, so
 what produced the input would train on misses and silently stop on hits), a
 module that writes into its inputs in place (a recall would not write), an
 answer the store cannot write back as what it is. A recalled answer comes back
-as the same kind of value — a namedtuple as its class, a dict in its order — and
+as the same kind of value — a namedtuple, a dataclass (Hugging Face's ``ModelOutput``)
+or a ``torch.return_types`` structseq as its class, a dict in its order — and
 on the device it was computed on, as a computed one is.
 """
 
@@ -296,10 +297,10 @@ class _Watched:
             raise CodecError(
                 f"`{self.name}` is cached, and its answer cannot be kept: {why}. The store "
                 "gives back exactly what was computed, and writes tensors and None, nested in "
-                "tuples, lists, str-keyed dicts, OrderedDicts and namedtuples defined at "
-                "module level (or canonical values: numbers, strings and containers of "
-                "them). Return those — make the item a tensor, or leave it out — or drop the "
-                "submodule from `cached=`"
+                "tuples, lists, str-keyed dicts, OrderedDicts, and namedtuples and dataclasses "
+                "(a `ModelOutput`) defined at module level (or canonical values: numbers, "
+                "strings and containers of them). Return those — make the item a tensor, or "
+                "leave it out — or drop the submodule from `cached=`"
             ) from None
         return _unshared(out, [a for a in args if a is not None], self.module)
 

@@ -2,26 +2,35 @@
 
 The ``tensor`` codec (:mod:`somatize_torch.codec`) writes one tensor, or a flat
 tuple, list or str-keyed dict of them, as it always did; any other value it takes —
-``None`` in it, nesting, an ``OrderedDict``, a namedtuple — is a tree. Its tensors
-are written as a flat tuple's are, in the order they are met, and its shape
-(containers, keys, ``None`` and which tensor goes where) as JSON in the header's
-``__metadata__``. :func:`_shape` writes that JSON, refusing (:class:`_Refused`)
+``None`` in it, nesting, an ``OrderedDict``, a namedtuple, a structseq, a dataclass —
+is a tree. Its tensors are written as a flat tuple's are, in the order they are met, and
+its shape (containers, keys, ``None`` and which tensor goes where) as JSON in the
+header's ``__metadata__``. :func:`_shape` writes that JSON, refusing (:class:`_Refused`)
 anything but a tensor the codec writes (:func:`_is_tensor`), ``None`` and those
 containers; :func:`_tree` reads it back from a header and checks it before anything
 is built from it, since a header is what a store hands back; :func:`_built` builds
 the value again. The three live together because they are one grammar: what one
 writes, the others must read.
 
-A namedtuple is named by its module and qualified name and found again among the
-modules already loaded, never imported (:func:`_class_at`), and is made as the tuple
-it is, so no code runs for what a store says; one whose class is not loaded where the
-answer is read is :class:`~somatize.codecs.Unreadable`, an answer computed again.
+A namedtuple, a structseq (``torch.return_types.max``) and a dataclass (Hugging Face's
+``ModelOutput``, a dataclass that is an ``OrderedDict`` of its fields not None) are
+named by their module and qualified name and found again among the modules already
+loaded, never imported (:func:`_class_at`), so no module's code runs for what a store
+says. A namedtuple is made as the tuple it is; a structseq by the interpreter's own
+constructor; a dataclass by its class's constructor from its fields, as when it is
+written (a ``ModelOutput`` fills in its keys there), and then checked (:func:`_differs`):
+one whose class is not loaded where the answer is read, has other fields, or makes
+another value from them is :class:`~somatize.codecs.Unreadable`, an answer computed
+again. Nothing is unpickled.
 """
 
 from __future__ import annotations
 
+import abc
+import dataclasses
 import inspect
 import json
+import types
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -90,9 +99,11 @@ def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, order
     """The JSON shape of a nested ``value``, its tensors appended to ``leaves`` in the
     order they are met (a dict's items in the order it was filled in when ``ordered``,
     sorted otherwise): a tensor is its index in ``leaves``, None is null, a container is
-    ``{"tuple" | "list": [...]}``, ``{"dict" | "OrderedDict": [[key, ...], ...]}`` or
-    ``{"namedtuple": "module:qualname", "fields": [...], "items": [...]}``. _Refused
-    for anything else."""
+    ``{"tuple" | "list": [...]}``, ``{"dict" | "OrderedDict": [[key, ...], ...]}``,
+    ``{"namedtuple" | "structseq": "module:qualname", "fields": [...], "items": [...]}``
+    or ``{"dataclass": "module:qualname", "fields": [...], "items": [...], "keys": [...]
+    | null}`` (the fields that are keys, in their order, for a dataclass that is a dict).
+    _Refused for anything else."""
     if isinstance(value, torch.Tensor):
         unwritable = _unwritable(value)
         if unwritable is not None:
@@ -116,21 +127,199 @@ def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, order
         keys = list(value) if ordered or kind is OrderedDict else sorted(value)
         pairs = [[k, _shape(value[k], leaves, f"{where}[{k!r}]", depth + 1, ordered)] for k in keys]
         return {kind.__name__: pairs}
-    fields = _named_tuple(kind) if issubclass(kind, tuple) else None
-    if fields is not None:
-        named = qualified(kind)
-        if _class_at(named, fields) is not kind:
+    form = _form(kind)
+    if form is None:
+        raise _Refused(where, f"a `{_kind_name(kind)}`")
+    fields = _fields(form, kind)
+    if fields is None:  # a dataclass its constructor alone cannot make
+        raise _Refused(where, f"a `{_kind_name(kind)}` dataclass, {_UNMADE}")
+    named = qualified(kind)
+    if _class_at(form, named, fields) is not kind:
+        raise _Refused(
+            where,
+            f"a `{_kind_name(kind)}` {form}, whose class cannot be found again by its "
+            "name (it is defined inside a function, or another class took its name)",
+        )
+    values = _field_values(value, form, fields)
+    field_keys = _keys(value, kind, values, where) if form == "dataclass" else None
+    if form != "namedtuple" and _differs(_made(kind, form, values), kind, values, field_keys):
+        raise _Refused(
+            where,
+            f"a `{_kind_name(kind)}` {form} that its class, made again from its fields, "
+            "does not give back as it is",
+        )
+    items = [
+        _shape(v, leaves, f"{where}.{field}", depth + 1, ordered) for field, v in values.items()
+    ]
+    shape = {form: named, "fields": list(fields), "items": items}
+    return {**shape, "keys": field_keys} if form == "dataclass" else shape
+
+
+_FORMS = ("namedtuple", "structseq", "dataclass")
+"""The containers kept as their own class, found again by name: a namedtuple, a structseq
+(``torch.return_types.max``, what ``h.max(dim=1)`` answers) and a dataclass (Hugging
+Face's ``ModelOutput``, a dataclass that is an ``OrderedDict`` of its fields not None)."""
+
+_UNMADE = (
+    "which its constructor does not make from its fields alone (a field with `init=False`, "
+    "a slot beside its fields, a base such as `str` or `set` that holds values of its own), "
+    "so it could not be made again as it is"
+)
+
+
+class Dataclass(abc.ABC):  # noqa: B024  # an ABC for its subclass hook alone: nothing to implement
+    """Every dataclass, for ``isinstance`` and ``issubclass``: a type a codec names among
+    the types it may take (:attr:`somatize.codecs.Codec.types`)."""
+
+    @classmethod
+    def __subclasshook__(cls, kind: type) -> bool:
+        return dataclasses.is_dataclass(kind) or NotImplemented
+
+
+def _form(kind: type) -> str | None:
+    """Which of :data:`_FORMS` class ``kind`` is, or None. A dataclass that is a tuple or a
+    list is none: its items are not its fields."""
+    if issubclass(kind, tuple):
+        if _named_tuple(kind) is not None:
+            return "namedtuple"
+        return "structseq" if _structseq(kind) is not None else None
+    if dataclasses.is_dataclass(kind) and not issubclass(kind, list):
+        return "dataclass"
+    return None
+
+
+def _fields(form: str, kind: type) -> tuple[str, ...] | None:
+    """The fields of ``kind``, a class of ``form``; None when it is not one, or is a
+    dataclass with a field its constructor does not take."""
+    if form == "namedtuple":
+        return _named_tuple(kind)
+    if form == "structseq":
+        return _structseq(kind)
+    if not dataclasses.is_dataclass(kind) or issubclass(kind, (tuple, list)):
+        return None
+    fields = dataclasses.fields(kind)
+    names = tuple(f.name for f in fields)
+    return names if all(f.init for f in fields) and _held_in_fields(kind, names) else None
+
+
+_PLAIN_BASES = (object, dict, OrderedDict)
+"""The classes written in C a dataclass kept may derive from: no state of theirs goes
+unrecorded (a dict's is its keys, each a field)."""
+
+_HEAP_TYPE = 1 << 9
+"""``Py_TPFLAGS_HEAPTYPE``: a class made by a ``class`` statement, not written in C."""
+
+
+def _held_in_fields(kind: type, fields: tuple[str, ...]) -> bool:
+    """Whether all that an instance of dataclass ``kind`` holds is in its fields (and, for a
+    dict, its keys): no base written in C but :data:`_PLAIN_BASES` (a ``str`` or a
+    ``set`` holds what no field says), no slot beside its fields."""
+    for base in kind.__mro__:
+        if base not in _PLAIN_BASES and not base.__flags__ & _HEAP_TYPE:
+            return False
+        slots = vars(base).get("__slots__", ())
+        slots = (slots,) if isinstance(slots, str) else slots
+        if any(slot not in fields and slot not in ("__dict__", "__weakref__") for slot in slots):
+            return False
+    return True
+
+
+def _structseq(kind: type) -> tuple[str, ...] | None:
+    """The fields of ``kind`` when it is a structseq all of whose fields are items, named
+    (``torch.return_types.max``) and made by the interpreter's own constructor, which runs
+    no Python code; None otherwise."""
+    count = inspect.getattr_static(kind, "n_sequence_fields", None)
+    names = inspect.getattr_static(kind, "__match_args__", None)
+    if (
+        type(count) is int
+        and inspect.getattr_static(kind, "n_fields", None) == count
+        and inspect.getattr_static(kind, "n_unnamed_fields", None) == 0
+        and type(vars(kind).get("__new__")) is types.BuiltinFunctionType
+        and type(names) is tuple
+        and len(names) == count
+        and all(type(n) is str for n in names)
+    ):
+        return names
+    return None
+
+
+def _field_values(value: Any, form: str, fields: Sequence[str]) -> dict[str, Any]:
+    """The value of each field of ``value``, a container of ``form``."""
+    if form == "dataclass":
+        return {field: getattr(value, field) for field in fields}
+    return dict(zip(fields, value, strict=True))
+
+
+def _keys(value: Any, kind: type, values: dict[str, Any], where: str) -> list[str] | None:
+    """The keys of ``value``, a dataclass, when it is a dict — each a field holding the
+    value of the attribute of its name, as in a ``ModelOutput`` — or None when it is no
+    dict; _Refused for an attribute or a key that is no field, which no constructor call
+    from its fields makes again."""
+    extra = sorted(set(getattr(value, "__dict__", {})) - set(values))
+    if extra:
+        raise _Refused(where, f"a `{_kind_name(kind)}` dataclass holding `{extra[0]}`, no field")
+    if not isinstance(value, dict):
+        return None
+    keys = list(value)
+    for key in keys:
+        if type(key) is not str or key not in values or value[key] is not values[key]:
             raise _Refused(
-                where,
-                f"a `{_kind_name(kind)}` namedtuple, whose class cannot be found again by its "
-                "name (it is defined inside a function, or another class took its name)",
+                f"{where}[{key!r}]",
+                f"a key of a `{_kind_name(kind)}` dataclass that is not the field of its name",
             )
-        items = [
-            _shape(v, leaves, f"{where}.{field}", depth + 1, ordered)
-            for field, v in zip(fields, value, strict=True)
-        ]
-        return {"namedtuple": named, "fields": list(fields), "items": items}
-    raise _Refused(where, f"a `{_kind_name(kind)}`")
+    return keys
+
+
+def _made(kind: type, form: str, values: dict[str, Any]) -> Any:
+    """A ``kind`` made again from the ``values`` of its fields, by its constructor (a
+    ``ModelOutput`` fills in its keys from its fields there); None where it raises."""
+    try:
+        return kind(tuple(values.values())) if form == "structseq" else kind(**values)
+    except Exception:  # any constructor's error: what it makes is not the value
+        return None
+
+
+def _differs(made: Any, kind: type, values: dict[str, Any], keys: list[str] | None) -> bool:
+    """Whether ``made`` is other than the ``kind`` whose fields hold ``values`` and, where
+    it is a dict, whose ``keys`` are those: another class, a field or a key another value,
+    an attribute besides its fields."""
+    if type(made) is not kind:
+        return True
+    if isinstance(made, tuple):
+        return len(made) != len(values) or any(
+            a is not b for a, b in zip(made, values.values(), strict=False)
+        )
+    if any(getattr(made, field) is not v for field, v in values.items()):
+        return True
+    if set(getattr(made, "__dict__", {})) - set(values):
+        return True
+    if keys is None:
+        return isinstance(made, dict)
+    held: Any = made  # a dict, or no value made again as it was kept
+    return (
+        not isinstance(held, dict)
+        or list(held) != keys
+        or any(held[key] is not values[key] for key in keys)
+    )
+
+
+def tensors_in(value: Any) -> list[torch.Tensor] | None:
+    """The tensors of ``value`` in the order they are met, going into every container the
+    codec writes (a dataclass too, which torch's pytree does not go into), or None where
+    the codec does not write ``value``."""
+    leaves: list[torch.Tensor] = []
+    try:
+        _shape(value, leaves, "", 0, ordered=True)
+    except _Refused:
+        return None
+    return leaves
+
+
+def with_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
+    """``value``, which the codec writes (:func:`tensors_in`), made again as a recall makes
+    it, with ``tensors`` in the places of its own."""
+    shape = _shape(value, [], "", 0, ordered=True)
+    return _built(shape, tensors)
 
 
 def _named_tuple(kind: type) -> tuple[str, ...] | None:
@@ -145,18 +334,14 @@ def _named_tuple(kind: type) -> tuple[str, ...] | None:
     return None
 
 
-def _class_at(named: str, fields: Sequence[str]) -> type | None:
-    """The namedtuple class ``module:qualname`` with ``fields`` among the modules this
-    process has loaded — never importing one — or None."""
+def _class_at(form: str, named: str, fields: Sequence[str]) -> type | None:
+    """The class of ``form`` (:data:`_FORMS`) named ``module:qualname``, with ``fields``,
+    among the modules this process has loaded — never importing one — or None."""
     module, _, qualname = named.partition(":")
     if "<locals>" in qualname:
         return None
     found = held_at(module, qualname)  # no code runs for a name a store gave
-    if (
-        isinstance(found, type)
-        and issubclass(found, tuple)
-        and _named_tuple(found) == tuple(fields)
-    ):
+    if isinstance(found, type) and _fields(form, found) == tuple(fields):
         return found
     return None
 
@@ -215,18 +400,31 @@ def _check_tree(shape: Any, seen: list[int], depth: int) -> None:
                 raise bad
             return
         raise bad
-    named, fields, items = (shape.get(k) for k in ("namedtuple", "fields", "items"))
+    form = next((f for f in _FORMS if f in shape), None)
+    named, fields, items = (shape.get(k) for k in (form, "fields", "items"))
     if (
-        len(shape) != 3
+        len(shape) != (4 if form == "dataclass" else 3)
         or type(named) is not str
         or type(fields) is not list
         or not all(type(f) is str for f in fields)
+        or len(set(fields)) != len(fields)
         or type(items) is not list
         or len(items) != len(fields)
+        or (form == "dataclass" and not _keys_well_formed(shape.get("keys", 0), fields))
     ):
         raise bad
     for item in items:
         _check_tree(item, seen, depth + 1)
+
+
+def _keys_well_formed(keys: Any, fields: list[str]) -> bool:
+    """Whether ``keys``, a dataclass's as its shape records them, are None (no dict) or
+    fields, each once."""
+    return keys is None or (
+        type(keys) is list
+        and all(type(k) is str and k in fields for k in keys)
+        and len(set(keys)) == len(keys)
+    )
 
 
 def _built(shape: Any, tensors: list[torch.Tensor]) -> Any:
@@ -235,16 +433,9 @@ def _built(shape: Any, tensors: list[torch.Tensor]) -> Any:
         return None
     if type(shape) is int:
         return tensors[shape]
-    if "namedtuple" in shape:
-        kind = _class_at(shape["namedtuple"], shape["fields"])
-        if kind is None:
-            raise Unreadable(
-                f"a tensor answer is a `{shape['namedtuple']}` namedtuple with fields "
-                f"{shape['fields']}, and no such class is loaded in this process: it is not "
-                "imported to read an answer, so the answer is computed again"
-            )
-        # Made as the tuple it is, so no code of the class runs for what a store says.
-        return tuple.__new__(kind, [_built(item, tensors) for item in shape["items"]])
+    form = next((f for f in _FORMS if f in shape), None)
+    if form is not None:
+        return _built_class(form, shape, tensors)
     ((kind_name, items),) = shape.items()
     if kind_name == "tuple":
         return tuple(_built(item, tensors) for item in items)
@@ -252,3 +443,28 @@ def _built(shape: Any, tensors: list[torch.Tensor]) -> Any:
         return [_built(item, tensors) for item in items]
     pairs = ((key, _built(item, tensors)) for key, item in items)
     return OrderedDict(pairs) if kind_name == "OrderedDict" else dict(pairs)
+
+
+def _built_class(form: str, shape: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
+    """The namedtuple, structseq or dataclass of a checked ``shape``: Unreadable where its
+    class is not loaded, or has other fields, or made again is not what was kept."""
+    named, fields = shape[form], shape["fields"]
+    kind = _class_at(form, named, fields)
+    if kind is None:
+        raise Unreadable(
+            f"a tensor answer is a `{named}` {form} with fields {fields}, and no such class "
+            "is loaded in this process: it is not imported to read an answer, so the answer "
+            "is computed again"
+        )
+    values = {f: _built(item, tensors) for f, item in zip(fields, shape["items"], strict=True)}
+    if form == "namedtuple":
+        # Made as the tuple it is, so no code of the class runs for what a store says.
+        return tuple.__new__(kind, list(values.values()))
+    made = _made(kind, form, values)
+    if _differs(made, kind, values, shape.get("keys")):
+        raise Unreadable(
+            f"a tensor answer is a `{named}` {form}, which its class, made again from the "
+            f"fields kept, does not give back as it was kept (keys {shape.get('keys')}): "
+            "the class changed, so the answer is computed again"
+        )
+    return made

@@ -16,13 +16,21 @@ less (an answer kept before), is copied into memory torch allocated.
 
 Values it takes: one tensor, or a tuple, list or dict (str keys) of tensors,
 which come back as the same kind — a dict in the order it was filled in; and,
-nested in any way, tuples, lists, str-keyed dicts, ``collections.OrderedDict``
-and namedtuples of tensors and ``None`` (``(hidden, None)``, ``(h, (a, b))``).
-A namedtuple comes back as its own class, found by its module and qualified name
+nested in any way, tuples, lists, str-keyed dicts, ``collections.OrderedDict``,
+namedtuples, ``torch.return_types`` structseqs (what ``h.max(dim=1)`` answers) and
+dataclasses of tensors and ``None`` (``(hidden, None)``, ``(h, (a, b))``). A dataclass
+may be a dict of its fields, as Hugging Face's ``ModelOutput`` is (an ``OrderedDict``
+of its fields that are not None): its fields and which of them are keys are recorded.
+Each of these comes back as its own class, found by its module and qualified name
 among the modules already loaded, never imported: one defined inside a function
 is refused, and one whose class is not loaded (or has other fields) where the
 answer is read is :class:`~somatize.codecs.Unreadable`, an answer the engine computes again (an
-``unreadable`` fact). Every other type — a subclass of list or dict, a number beside a tensor,
+``unreadable`` fact). A namedtuple is made as the tuple it is; a structseq by its class,
+from its items; a dataclass by its class's constructor, from its fields, and then
+checked: fields and keys other than those kept are Unreadable too. A dataclass is
+refused where that constructor would not make it again as it is: a field with
+``init=False``, a constructor that changes what it is handed, an attribute or a key
+that is no field. Every other type — a subclass of list or dict, a number beside a tensor,
 a tensor subclass or an ``nn.Parameter`` (a plain tensor is what would come back) — is
 refused rather than written as something else: what is recalled is what was computed,
 kind and order included. :meth:`TensorCodec.refusal` says which item
@@ -45,7 +53,8 @@ A 0-dim or empty tensor keeps its shape.
 The layout of the header: a flat tuple or list names its tensors ``0``, ``1``
 …, a dict by its keys (the order it was filled in is recorded in the
 ``__metadata__`` when it is not the sorted one), one tensor ``tensor``; anything
-else (``None`` in it, nesting, an ``OrderedDict``, a namedtuple) is kind
+else (``None`` in it, nesting, an ``OrderedDict``, a namedtuple, a structseq, a
+dataclass) is kind
 ``tree``, its tensors named ``0``, ``1`` … in the order they are met, and its
 shape — containers, keys, ``None`` and which tensor goes where — is recorded as
 JSON in the ``__metadata__``. Answers written before either was recorded read as
@@ -68,8 +77,9 @@ that tensor only: the blob, and every later recall, keep the kept value.
 The digest of a value is not the digest of these bytes: it is
 :func:`somatize_torch.digest.digest_tensor` (one tensor) or
 :func:`~somatize_torch.digest.digest_named` (a collection; a tree's under its
-shape, its dicts in sorted order), computed where each tensor lives, so equal
-tensors are equal whatever the JSON writer did or the order a dict was filled in.
+shape, its dicts in sorted order, each class by its name), computed where each tensor
+lives, so equal tensors are equal whatever the JSON writer did or the order a dict was
+filled in.
 
 The codec's parts are modules of their own: the shape of a nested value, written,
 checked and built again (:mod:`somatize_torch._codec_tree`), and the header, read and
@@ -91,7 +101,14 @@ from somatize import CODECS, Codec, CodecError
 from somatize.errors import SomatizeWarning
 from somatize_torch._codec_header import _FORMAT, _ITEMSIZE, _LEN, _head, _header
 from somatize_torch._codec_header import row_layout as row_layout
-from somatize_torch._codec_tree import _built, _is_tensor, _Refused, _shape, _unwritable
+from somatize_torch._codec_tree import (
+    Dataclass,
+    _built,
+    _is_tensor,
+    _Refused,
+    _shape,
+    _unwritable,
+)
 from somatize_torch._errors import TANGENT, carries_tangent
 from somatize_torch.digest import DTYPES, digest_named, digest_tensor, host_bytes, memory_of
 
@@ -144,11 +161,13 @@ def _named(value: Any) -> tuple[str, dict[str, torch.Tensor], dict[str, str]]:
 
 
 class TensorCodec(Codec):
-    """A tensor, or tensors and None nested in tuples, lists, str-keyed dicts and
-    namedtuples, as safetensors bytes; see the module docstring."""
+    """A tensor, or tensors and None nested in tuples, lists, str-keyed dicts,
+    namedtuples, structseqs and dataclasses, as safetensors bytes; see the module
+    docstring."""
 
     name = "tensor"
-    types = (torch.Tensor, tuple, list, dict)
+    # A dataclass (Hugging Face's `ModelOutput`) may hold tensors, as the others may.
+    types = (torch.Tensor, tuple, list, dict, Dataclass)
 
     def accepts(self, value: Any) -> bool:
         if isinstance(value, torch.Tensor):

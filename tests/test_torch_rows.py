@@ -3855,12 +3855,13 @@ def test_a_module_squeezing_away_the_batch_dimension_is_told_so(store: Store) ->
 
 def test_a_module_answering_many_tensors_is_told_to_answer_the_one_wanted() -> None:
     """A module answering many tensors per row is refused, told to cache per row a module
-    answering the one tensor wanted. It is told to cache it whole, per batch, only where
-    the store keeps such an answer: a namedtuple, not Hugging Face's `ModelOutput`, which
-    `wrap` refuses."""
+    answering the one tensor wanted. It is told to cache it whole, per batch, where the
+    store keeps such an answer: a namedtuple, Hugging Face's `ModelOutput`; not a
+    namedtuple defined inside a function."""
     for module, features, whole in (
         (Answers("namedtuple"), 4, True),
-        (AnswersAsHuggingFace(), 6, False),
+        (AnswersAsHuggingFace(), 6, True),
+        (Answers("local"), 4, False),
     ):
         cached = cache_rows(module)
         with pytest.raises(NotRowwise, match=r"one tensor wanted.*`encoder\(x\)\[0\]`") as why:
