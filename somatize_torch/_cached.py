@@ -48,6 +48,7 @@ from somatize.codecs import CodecError
 from somatize.engine import NodeFailed, Record
 from somatize.errors import SomatizeError
 from somatize.plan import declared_again
+from somatize_torch._codec_tree import tensors_in, with_tensors
 from somatize_torch._errors import (
     EXPORT,
     JIT_TRACE,
@@ -339,7 +340,7 @@ def _unshared(out: Any, args: Sequence[torch.Tensor], module: nn.Module) -> Any:
     tensors are each their own, so a computed one's are made so too (copied), and a write
     into one changes nothing else, neither on a miss nor on a hit. Asked on a miss only,
     which computes anyway. A tensor held elsewhere (a global) is not known here."""
-    leaves = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+    leaves = _tensors(out)
     if not leaves:
         return out
     held = {_memory(t) for t in args}
@@ -367,7 +368,26 @@ def _unshared(out: Any, args: Sequence[torch.Tensor], module: nn.Module) -> Any:
             seen.add(where)
         return t
 
-    return tree_map(own, out)
+    return _mapped(own, out)
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """The tensors of answer ``out``, in every container the codec keeps: a dataclass
+    (Hugging Face's ``ModelOutput``) too, which torch's pytree does not go into."""
+    kept = tensors_in(out)
+    if kept is not None:
+        return kept
+    return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def _mapped(change: Callable[[torch.Tensor], torch.Tensor], out: Any) -> Any:
+    """Answer ``out`` with each of its tensors (:func:`_tensors`) changed by ``change``: one
+    the codec keeps is made again as a recall makes it, so a computed answer and a
+    recalled one are alike."""
+    kept = tensors_in(out)
+    if kept is not None:
+        return with_tensors(out, [change(t) for t in kept])
+    return tree_map(lambda t: change(t) if isinstance(t, torch.Tensor) else t, out)
 
 
 _CONTAINERS = (list, tuple, set, frozenset)
@@ -607,7 +627,7 @@ def _check_records_none(self: _Cached, name: str, args: tuple[Any, ...]) -> None
     on them, to see (once per state and declaration)."""
     with torch.no_grad():
         out = self.call(*args)
-    if any(isinstance(t, torch.Tensor) and t.requires_grad for t in tree_leaves(out)):
+    if any(t.requires_grad for t in _tensors(out)):
         raise CachedInputNeedsGrad(
             f"`{name}` is cached and turns gradients on inside its forward: handed an "
             "argument that requires grad, even under `torch.no_grad()`, it answers with "
@@ -652,10 +672,9 @@ def _placed(out: Any, device: torch.device) -> Any:
     so that a miss and a hit answer alike."""
     if isinstance(out, torch.Tensor):  # the usual answer, without walking a tree
         return out if out.device == device else out.to(device)
-    leaves = tree_leaves(out)
-    if all(not isinstance(t, torch.Tensor) or t.device == device for t in leaves):
+    if all(t.device == device for t in _tensors(out)):
         return out
-    return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, out)
+    return _mapped(lambda t: t.to(device), out)
 
 
 _remember: Callable[..., Any] = outside_compiled(_recall_or_run)

@@ -311,3 +311,35 @@ def test_a_model_answering_a_model_output_is_cached_whole(store: Store) -> None:
         assert torch.equal(recalled["logits"], expected.logits)
     assert wrapped.counts["answers_as_hugging_face"] == {"ran": 2, "kept": 2, "recalled": 2}
 
+
+class AnswersTwice(torch.nn.Module):
+    """Answers a `ModelOutput` holding one tensor in two fields, as Hugging Face's does
+    its last hidden state and the last of its hidden states, and its input in a third."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> Answered:
+        h = self.head(x)
+        return Answered(logits=h, hidden=h, loss=x)
+
+
+def test_a_model_output_computed_or_recalled_holds_each_tensor_in_memory_of_its_own(
+    store: Store,
+) -> None:
+    """A `ModelOutput` whose fields share memory with each other or with the input is
+    answered, computed as recalled, with each tensor in memory of its own: a write into
+    one field changes no other, nor the input, on a miss as on a hit."""
+    model = AnswersTwice()
+    wrapped = smt.wrap(model, frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 4)
+    for _ in range(2):  # computed, then recalled
+        out = wrapped(x)
+        assert type(out) is Answered and torch.equal(out.hidden, model(x).hidden)
+        out.logits.add_(1)
+        out.loss.add_(1)
+        assert torch.equal(out.hidden, model(x).hidden) and torch.equal(out.loss, x + 1)
+        assert out["logits"] is out.logits
+    assert wrapped.counts["answers_twice"]["recalled"] == 1
