@@ -16,6 +16,7 @@ import pickle
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -1624,6 +1625,36 @@ def test_a_password_in_an_endpoint_is_in_no_record_the_s3_client_logs(
     assert any("user:***@127.0.0.1" in record.getMessage() for record in client)
     assert not any(PASSWORD in record.getMessage() for record in caplog.records)
     assert PASSWORD not in caplog.text
+
+
+_LOGS_IN_A_CHILD = """
+import logging, pickle, sys
+store = pickle.loads(sys.stdin.buffer.read())
+logging.basicConfig(level=logging.DEBUG, stream=sys.stdout, format="%(message)s")
+logging.getLogger("botocore.endpoint").debug("sending to %s", sys.argv[1])
+"""
+"""A fresh process (as a spawned DataLoader worker or a Ray worker starts) that loads the
+store it is sent, then has the S3 client log the endpoint it names."""
+
+
+def test_a_password_in_an_endpoint_is_in_no_record_a_process_sent_the_store_logs() -> None:
+    """A store sent to a process it did not open in (``multiprocessing`` spawning a
+    DataLoader worker: the pickle keeps the password) masks the password in the S3
+    client's records there too, as it does in the process that opened it."""
+    from multiprocessing.reduction import ForkingPickler
+
+    endpoint = s3_options()["client_kwargs"]["endpoint_url"]
+    credentialed = endpoint.replace("http://", f"http://user:{PASSWORD}@")
+    store = Store.on_bucket(s3_url(), anon=True, client_kwargs={"endpoint_url": credentialed})
+    logged = subprocess.run(
+        [sys.executable, "-c", _LOGS_IN_A_CHILD, credentialed],
+        input=bytes(ForkingPickler.dumps(store)),
+        capture_output=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])},
+    ).stdout.decode()
+    assert "user:***@127.0.0.1" in logged
+    assert PASSWORD not in logged
 
 
 def test_a_password_in_a_store_s_own_url_is_in_no_error_and_not_in_its_repr() -> None:

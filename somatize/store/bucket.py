@@ -390,11 +390,14 @@ def _check_endpoint(options: Mapping[str, Any], under: str = "") -> None:
         _refuse_password(option, value, options)
 
 
-def _names_a_password(url: str, storage_options: Mapping[str, Any]) -> bool:
-    """Whether a store's URL, its options (an endpoint given in ``client_kwargs``) or the
-    endpoint the environment names hold a URL's password (``http://user:password@host``)."""
+def _mask_logs_naming(url: str, storage_options: Mapping[str, Any]) -> None:
+    """Has the S3 client's records mask a password (:func:`mask_passwords_in_logs`) where
+    the store's URL, its options (an endpoint given in ``client_kwargs``) or the endpoint
+    the environment names hold one (``http://user:password@host``): its own DEBUG records
+    name the endpoint, password and all."""
     texts = [str(url), repr(storage_options), _endpoint_from_environment()[1] or ""]
-    return any(masked(text) != text for text in texts)
+    if any(masked(text) != text for text in texts):
+        mask_passwords_in_logs()
 
 
 def _endpoint_from_environment() -> tuple[str, str | None]:
@@ -822,8 +825,7 @@ class BucketStore(BucketShelf):
             url = _anchored(url)
         _refuse_asynchronous(url, storage_options)
         _refuse_dropped(url, storage_options)
-        if _names_a_password(url, storage_options):
-            mask_passwords_in_logs()  # the client's own DEBUG records name it, too
+        _mask_logs_naming(url, storage_options)
         self.url = url
         storage_options = guarded(storage_options, _protocols_of(url))
         self.storage_options = storage_options
@@ -934,6 +936,9 @@ class BucketStore(BucketShelf):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(_with_urls_as(str, state))
+        # A process the store is sent to (a spawned DataLoader worker, its password kept)
+        # logs through a client of its own, which names the endpoint as the opener's did.
+        _mask_logs_naming(self.url, plain(self.storage_options, _protocols_of(self.url)))
 
     @property
     def _where(self) -> str:
