@@ -357,6 +357,16 @@ def _state_kind(tensors: dict[str, torch.Tensor]) -> str:
     return "state laid out " + json.dumps(orders, sort_keys=True)
 
 
+def _converted_ends(placed: list[torch.Tensor]) -> tuple[int, ...]:
+    """Where the first and last tensors of ``placed`` lie that a conversion of dtype
+    (``.half()``) gives other memory: floating ones. An integer buffer (a text encoder's
+    ``position_ids``, a BatchNorm's count) is left where it is, so ends of them would tell
+    nothing; the first and last of all where no tensor is floating."""
+    floating = [at for at, t in enumerate(placed) if t.is_floating_point() or t.is_complex()]
+    among = floating or list(range(len(placed)))
+    return tuple(dict.fromkeys(among[:1] + among[-1:]))
+
+
 class StateWatch:
     """Whether a module's state may have changed since it was digested, cheaply enough to
     ask at every forward: each parameter, buffer and submodule is looked at by identity
@@ -380,6 +390,7 @@ class StateWatch:
 
     __slots__ = (
         "_doubted",
+        "_ends",
         "_gradients",
         "_held",
         "_memory",
@@ -437,6 +448,7 @@ class StateWatch:
         # otherwise only.
         self._placed = [tensor for tensor in own if _has_memory(tensor)]
         self._where = tuple(map(_WHERE, self._placed))
+        self._ends = _converted_ends(self._placed)
         self._memory = _Memory(own)
         self._requires = tuple(map(_REQUIRES, self._params))
         self._gradients = tuple(map(_GRADIENT, self._params))
@@ -464,15 +476,14 @@ class StateWatch:
         )
 
     def ends_moved(self) -> bool:
-        """Whether the first or the last tensor watched points at other memory now. A
-        conversion of the whole module (``encoder.half().float()``, asked of the module
-        itself) gives each of its tensors other memory and moves no version counter;
+        """Whether the first or the last floating tensor watched (:func:`_converted_ends`)
+        points at other memory now. A conversion of the whole module
+        (``encoder.half().float()``, asked of the module itself) gives each of its floating
+        tensors other memory and moves no version counter;
         looking at two of them costs next to nothing at every call, where looking at each
         (``changed(thorough=True)``) costs as much again as the rest of the watch."""
         placed, where = self._placed, self._where
-        if not placed:
-            return False
-        return _WHERE(placed[0]) != where[0] or _WHERE(placed[-1]) != where[-1]
+        return any(_WHERE(placed[at]) != where[at] for at in self._ends)
 
     def moved(self) -> bool:
         """Whether a tensor or submodule was replaced, added or removed, or a tensor's memory

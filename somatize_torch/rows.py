@@ -45,7 +45,7 @@ by identity, and the state is digested again before the next row is keyed, so
 no answer computed with other weights is recalled. A conversion asked of a cache
 (``cached.half()``), carried out by the module in place, is seen by every cache at
 its next call, another cache of the same module too (``_row_keys._LAST_CONVERSION``).
-The inner module converted in place itself is seen by its first and last tensors'
+The inner module converted in place itself is seen by its first and last floating tensors'
 memory (:meth:`~somatize_torch._state.StateWatch.ends_moved`). What none of these sees —
 a tensor swapped or written through ``p.data``, a part converted on its own, a fused
 optimizer kernel's write — is seen at :meth:`CachedRows.redeclare`, which

@@ -1262,6 +1262,50 @@ def test_the_module_converted_itself_and_back_is_seen_at_the_next_forward(
     cached.close()
 
 
+class _Counted(nn.Module):
+    """A part holding only a count (an integer buffer), which no conversion of dtype moves."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class _Positioned(nn.Module):
+    """An encoder whose first tensor is an integer buffer (the ``position_ids`` of a text
+    encoder's embeddings) and whose last is one too."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("position_ids", torch.arange(8))
+        self.linear = nn.Linear(8, 4)
+        self.counted = _Counted()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.counted(self.linear(x))
+        return out
+
+
+def test_a_module_converted_itself_and_back_is_seen_where_integers_lie_at_its_ends(
+    store: Store,
+) -> None:
+    """The module converted itself and back (``module.half().float()``) where its first
+    and last tensors are integer buffers, which a conversion of dtype leaves where they
+    are: the weights between are rounded all the same, and the next forward recalls none
+    of the rows of the weights before."""
+    x = torch.randn(6, 8)
+    module = _Positioned()
+    cached = cache_rows(module, store)
+    before = cached(x)
+    module.half().float()
+    after = cached(x)
+    assert cached.stats.computed == 6 + 6
+    assert torch.equal(after, expected(module, x)) and not torch.equal(after, before)
+    cached.close()
+
+
 def test_a_conversion_through_one_cache_is_seen_by_every_cache_of_the_module(
     store: Store,
 ) -> None:
