@@ -688,6 +688,23 @@ def test_a_new_store_path_holding_a_variable_or_a_line_end_is_refused(
     assert (tmp_path / path / "blobs").is_dir()
 
 
+@pytest.mark.parametrize("folder", ["a$b", "run${1}", "tab\there"])
+def test_a_new_store_under_a_folder_whose_name_holds_a_dollar_or_a_tab_is_made(
+    folder: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the folders a new store makes are looked at for an unexpanded variable or a
+    control character: a folder of such a name that is there already (one the user made,
+    a home named so) is what the path means, and a store under it is made."""
+    (tmp_path / folder).mkdir()
+    monkeypatch.chdir(tmp_path)
+    for path in (tmp_path / folder / "store", f"{folder}/relative"):
+        store = Store(path)
+        assert isinstance(store, LocalStore) and store.root == tmp_path / path
+        assert store.root.joinpath("blobs").is_dir()
+    with pytest.raises(BadAddress, match=r"`\$HOME`.*not expanded"):
+        Store(tmp_path / folder / "$HOME" / "store")
+
+
 def test_a_store_opened_by_a_link_repointed_since_gives_the_address_it_writes_to(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -239,24 +239,35 @@ _CONTROL = re.compile(r"[\x01-\x1f\x7f]")
 """A control character (a line end, a tab): no directory a user types holds one."""
 
 
-def _check_spelled_as_meant(path: str) -> None:
+def _check_spelled_as_meant(path: str, root: Path) -> None:
     """Refuses to make a store at a path that names a shell variable left unexpanded (from
     a config or env file) or holds a control character (a line end kept from a file it was
     read from): the directory made would be named so, under the working directory, and no
-    run spelling the path as meant would find its answers."""
-    variable = _VARIABLE.search(path)
+    run spelling the path as meant would find its answers. Only the folders to be made
+    (of ``root``, the path anchored) are looked at: one there already is what is meant."""
+    made = _unmade(root)
+    variable = _VARIABLE.search(made)
     if variable is not None:
         raise BadAddress(
             f"a store's directory {path!r} names `{variable.group()}`, which is not "
             "expanded here: it would be made as a folder of that name. Expand it "
             "(os.path.expandvars(path)), or make the directory first to mean that name"
         )
-    if _CONTROL.search(path) is not None:
+    if _CONTROL.search(made) is not None:
         raise BadAddress(
             f"a store's directory {path!r} holds a control character (a line end, a tab), "
             "most likely kept from the file or variable it was read from: strip it, or "
             "make the directory first to mean that name"
         )
+
+
+def _unmade(root: Path) -> str:
+    """The part of ``root`` below the deepest folder of it that is there: the folders a
+    store made at ``root`` would make."""
+    there = root
+    while not os.path.lexists(there) and there != there.parent:
+        there = there.parent
+    return str(root.relative_to(there))
 
 
 def no_home(where: str, path: str) -> BadAddress:
@@ -332,7 +343,7 @@ class LocalStore(LocalShelf):
         if self.read_only and not self.root.is_dir():
             raise no_directory_to_read(str(self.root))
         if not self.read_only and not os.path.lexists(self.root):
-            _check_spelled_as_meant(text)
+            _check_spelled_as_meant(text, self.root)
         self.durable = durable
         self._resolved: tuple[tuple[int, int] | None, str] | None = None
         """The root's directory (device, inode) and the root resolved when an address was
