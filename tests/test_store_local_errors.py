@@ -24,6 +24,8 @@ import pytest
 
 from somatize.store import LocalStore, StoreError
 from somatize.store._packed import digest_of
+from somatize.store.base import JoinedWrite
+from tests.forked import in_forked_child, needs_fork
 
 DATA = b"bytes this store cannot write"
 KEY = "blake3:" + "ab" * 32
@@ -290,3 +292,40 @@ def test_a_joined_write_let_go_of_unclosed_removes_its_file_and_says_so(tmp_path
     assert "joined write" in said[0] and "not kept" in said[0]
     assert list((tmp_path / "store" / "tmp").iterdir()) == []
     assert store.have([key]) == set()
+
+
+_INHERITED: list[object] = []
+"""What a forked child is handed by being forked: its parent's joined write in progress."""
+
+
+def _let_go_of_inherited() -> bool:
+    """In a forked child: lets go of the joined write its parent is still writing."""
+    _INHERITED.clear()
+    gc.collect()
+    return True
+
+
+@needs_fork
+def test_a_forked_child_letting_go_of_its_parent_s_joined_write_leaves_it_be(
+    tmp_path: Path,
+) -> None:
+    """A child forked while its parent writes a joined write (a DataLoader worker forked
+    as the writer thread gathers) that lets go of its copy removes nothing: the pack in
+    ``tmp/`` is the parent's, which the parent's close still publishes."""
+    store = LocalStore(tmp_path / "store")
+    keys = ["blake3:" + "ab" * 32, "blake3:" + "cd" * 32]
+    # Held only where the child lets go of it: a name in this frame would hold it there.
+    _INHERITED.append(store.open_joined("plain"))
+    try:
+        # Larger than the file's buffer, so written through as it is added: the child's
+        # copy of the file holds none of it unwritten.
+        data = os.urandom(1 << 17)
+        _INHERITED[0].add(keys, data, [1 << 16, 1 << 16])  # type: ignore[attr-defined]
+        assert in_forked_child(_let_go_of_inherited)
+        joined = _INHERITED.pop()
+    finally:
+        _INHERITED.clear()
+    assert isinstance(joined, JoinedWrite)
+    assert list((tmp_path / "store" / "tmp").iterdir())  # still being written
+    joined.close()
+    assert store.have(keys) == set(keys)

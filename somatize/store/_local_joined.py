@@ -72,7 +72,7 @@ class StreamedJoin(JoinedWrite):
     def __init__(self, store: LocalFiles, codec: str, fingerprint: str | None) -> None:
         super().__init__(store, codec, fingerprint)
         self._pack: _Pack | None = None
-        self._dropped: weakref.finalize[[_Pack, str], StreamedJoin] | None = None
+        self._dropped: weakref.finalize[[_Pack, str, int], StreamedJoin] | None = None
 
     def _taken(self, keys: list[str], pieces: Sequence[Buffer], lengths: list[int]) -> None:
         if max(lengths, default=0) >= PACK_ITEM_BELOW:
@@ -114,7 +114,7 @@ class StreamedJoin(JoinedWrite):
             pack = self._pack = _Pack(stack, temporary, out, hasher_for(pieces))
             # A write let go of unclosed would otherwise hold its file open and its claim
             # on tmp/ (which a gc leaves be) until the process ends.
-            self._dropped = weakref.finalize(self, _let_go, pack, repr(home))
+            self._dropped = weakref.finalize(self, _let_go, pack, repr(home), os.getpid())
         try:
             for run in steady_runs(pieces, _RUN):  # what is hashed is what is written
                 pack.hasher.update(run)
@@ -184,9 +184,13 @@ class StreamedJoin(JoinedWrite):
         super().abort()
 
 
-def _let_go(pack: _Pack, store: str) -> None:
+def _let_go(pack: _Pack, store: str, pid: int) -> None:
     """Removes the pack of a joined write let go of with neither a close nor an abort, and
-    says so, as Python says of a file left open: none of what was added is kept."""
+    says so, as Python says of a file left open: none of what was added is kept. In a
+    child forked from the process ``pid`` that began it, the write (and its file in tmp/)
+    is that process's, which may still close it: the child's copy is let go of quietly."""
+    if os.getpid() != pid:
+        return
     pack.discard()
     warnings.warn(
         f"a joined write to {store} was let go of unclosed: the {len(pack.keys)} answers "
