@@ -78,7 +78,7 @@ from somatize_torch._lightning_options import cached_twice
 from somatize_torch._row_keys import _floating_dtypes, _run_in
 from somatize_torch.ahead import Ahead
 from somatize_torch.deferred import DeferredRows
-from somatize_torch.freeze import AsFound, asked_changes, few, refuse_scripted
+from somatize_torch.freeze import AsFound, ModuleNode, asked_changes, few, refuse_scripted
 from somatize_torch.rows import CachedRows, cache_rows, never_called
 from somatize_torch.wrap import Wrapped
 
@@ -248,19 +248,31 @@ def same_weights(a: nn.Module, b: nn.Module) -> bool:
     )
 
 
+def keyed_alike(a: nn.Module, b: nn.Module) -> bool:
+    """Whether modules ``a`` and ``b``, keyed by index, key their rows alike: of one class
+    with the same weights and buffers (:func:`same_weights`), the same structure as
+    ``repr`` shows it, and the same settings and hooks beside their weights. Copies apart
+    in a setting their forward reads (a gain, a pooling) are keyed apart, as answered."""
+    return (
+        same_weights(a, b)
+        and repr(a) == repr(b)
+        and ModuleNode(a)._beside_weights() == ModuleNode(b)._beside_weights()
+    )
+
+
 def twins(todo: list[tuple[str, nn.Module]]) -> CacheFrozenError | None:
     """The refusal, keyed by index, of two of the modules ``todo`` (each with its name)
-    that are copies of one encoder with the same weights (a query and a passage encoder
-    loaded from one checkpoint); None where none are. Their rows are keyed alike, so
-    for each sample the rows one computed would answer the other's input."""
+    that are copies of one encoder keyed alike (:func:`keyed_alike`: a query and a
+    passage encoder loaded from one checkpoint); None where none are. For each sample
+    the rows one computed would answer the other's input."""
     for place, (name, module) in enumerate(todo):
-        other = next((o for o, m in todo[place + 1 :] if same_weights(module, m)), None)
+        other = next((o for o, m in todo[place + 1 :] if keyed_alike(module, m)), None)
         if other is not None:
             return CacheFrozenError(
                 f"`{name}` and `{other}` are copies of one `{type(module).__qualname__}` "
-                "with the same weights: keyed by index, their rows are keyed alike, so for "
-                "each sample the rows one computed would be answered for the other's input. "
-                "Key this callback by content (`key='content'`)"
+                "with the same weights and settings: keyed by index, their rows are keyed "
+                "alike, so for each sample the rows one computed would be answered for the "
+                "other's input. Key this callback by content (`key='content'`)"
             )
     return None
 

@@ -2397,6 +2397,26 @@ def test_two_copies_of_one_encoder_keyed_by_index_are_refused(tmp_path: Path) ->
     assert len(model.seen) == SAMPLES // 8
 
 
+def test_two_copies_of_one_encoder_apart_in_a_setting_are_cached_keyed_by_index(
+    tmp_path: Path,
+) -> None:
+    """Two copies of one encoder with the same weights that differ in a setting their
+    forward reads (a gain, a pooling) are keyed apart, by index too: both are cached,
+    and each sample's passage is answered its own rows."""
+    images, labels = data()
+    indexed = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(images, labels, torch.arange(SAMPLES)), batch_size=8
+    )
+    model = TwoTowers()
+    model.passage.gain = 2.0
+    callback = CacheFrozen(None, ["encoder", "passage"], key="index", version="towers@1")
+    trainer(tmp_path, 1, callbacks=[callback]).fit(model, indexed)
+    with torch.no_grad():
+        assert all(torch.equal(got, model.passage(asked)) for asked, got in model.seen)
+    assert len(model.seen) == SAMPLES // 8
+    assert {e.module for e in callback.history} == {"encoder", "passage"}
+
+
 class SharedStem(Probe):
     """Two frozen encoders sharing their first part, a convolution and a BatchNorm, each
     with a head: the stem frozen by ``requires_grad_(False)`` alone, and left in train mode
