@@ -70,6 +70,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import os
 import threading
 import weakref
@@ -828,8 +829,11 @@ def _refuse_caches_inside(module: nn.Module) -> None:
 
 def never_called(module: nn.Module) -> bool:
     """Whether ``module`` has no forward of its own (an ``nn.ModuleList``, an
-    ``nn.ModuleDict``): only its parts are ever called, so a cache of it caches nothing."""
-    return type(module).forward is nn.Module.forward and "forward" not in module.__dict__
+    ``nn.ModuleDict``): only its parts are ever called, so a cache of it caches nothing.
+    Looked up as the class holds it: a TorchScript module's ``forward`` is found on torch's
+    C++ side only through the instance, which is refused as such (``refuse_scripted``)."""
+    inherited = inspect.getattr_static(type(module), "forward", None)
+    return inherited is nn.Module.forward and "forward" not in module.__dict__
 
 
 def _refuse_never_called(module: nn.Module) -> None:

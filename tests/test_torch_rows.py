@@ -4368,6 +4368,16 @@ def test_a_module_with_no_forward_of_its_own_is_refused(store: Store) -> None:
     assert [part.stats.recalled for part in cached] == [3, 3]
 
 
+def test_a_torchscript_module_is_refused_as_one_by_cache_rows(store: Store) -> None:
+    """A TorchScript module (scripted or traced), whose forward torch finds on its C++
+    side, is refused by cache_rows as a TorchScript module, saying to pass the Python
+    module it was made from, and not taken for one with no forward of its own."""
+    module = nn.Linear(4, 2)
+    for made in (torch.jit.script(module), torch.jit.trace(module, torch.randn(1, 4))):
+        with pytest.raises(FreezeError, match=r"is a TorchScript module.*Pass the Python"):
+            cache_rows(made, store)
+
+
 def test_a_cache_remembers_store_keys_up_to_one_count_over_all_its_row_shapes(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
