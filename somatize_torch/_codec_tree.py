@@ -16,11 +16,12 @@ A namedtuple, a structseq (``torch.return_types.max``) and a dataclass (Hugging 
 ``ModelOutput``, a dataclass that is an ``OrderedDict`` of its fields not None) are
 named by their module and qualified name and found again among the modules already
 loaded, never imported (:func:`_class_at`), so no module's code runs for what a store
-says. A namedtuple is made as the tuple it is; a structseq by the interpreter's own
-constructor; a dataclass by its class's constructor from its fields, as when it is
-written (a ``ModelOutput`` fills in its keys there), and then checked (:func:`_differs`):
-one whose class is not loaded where the answer is read, has other fields, or makes
-another value from them is :class:`~somatize.codecs.Unreadable`, an answer computed
+says. A dataclass is written only where its class's constructor, handed its fields,
+makes it again as it is (:func:`_differs`; a ``ModelOutput`` fills in its keys there).
+No code of the class runs to read one: a namedtuple is made as the tuple it is; a
+structseq by the interpreter's own constructor; a dataclass has its fields and keys set
+as they were kept (:func:`_assembled`). One whose class is not loaded where the answer is
+read, or has other fields, is :class:`~somatize.codecs.Unreadable`, an answer computed
 again. Nothing is unpickled.
 """
 
@@ -95,7 +96,14 @@ def _kind_name(kind: type) -> str:
     return f"{kind.__module__}.{kind.__qualname__}"
 
 
-def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, ordered: bool) -> Any:
+def _shape(
+    value: Any,
+    leaves: list[torch.Tensor],
+    where: str,
+    depth: int,
+    ordered: bool,
+    rebuilt: bool = True,
+) -> Any:
     """The JSON shape of a nested ``value``, its tensors appended to ``leaves`` in the
     order they are met (a dict's items in the order it was filled in when ``ordered``,
     sorted otherwise): a tensor is its index in ``leaves``, None is null, a container is
@@ -103,7 +111,8 @@ def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, order
     ``{"namedtuple" | "structseq": "module:qualname", "fields": [...], "items": [...]}``
     or ``{"dataclass": "module:qualname", "fields": [...], "items": [...], "keys": [...]
     | null}`` (the fields that are keys, in their order, for a dataclass that is a dict).
-    _Refused for anything else."""
+    _Refused for anything else. ``rebuilt``: whether each dataclass is made again by its
+    constructor to see it comes back as it is (not for one already kept, being read)."""
     if isinstance(value, torch.Tensor):
         unwritable = _unwritable(value)
         if unwritable is not None:
@@ -117,7 +126,8 @@ def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, order
     kind = type(value)
     if kind is tuple or kind is list:
         items = [
-            _shape(v, leaves, f"{where}[{i}]", depth + 1, ordered) for i, v in enumerate(value)
+            _shape(v, leaves, f"{where}[{i}]", depth + 1, ordered, rebuilt)
+            for i, v in enumerate(value)
         ]
         return {kind.__name__: items}
     if kind is dict or kind is OrderedDict:
@@ -125,7 +135,10 @@ def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, order
             if type(key) is not str:
                 raise _Refused(f"{where}[{key!r}]", f"under a `{_kind_name(type(key))}` key")
         keys = list(value) if ordered or kind is OrderedDict else sorted(value)
-        pairs = [[k, _shape(value[k], leaves, f"{where}[{k!r}]", depth + 1, ordered)] for k in keys]
+        pairs = [
+            [k, _shape(value[k], leaves, f"{where}[{k!r}]", depth + 1, ordered, rebuilt)]
+            for k in keys
+        ]
         return {kind.__name__: pairs}
     form = _form(kind)
     if form is None:
@@ -142,14 +155,19 @@ def _shape(value: Any, leaves: list[torch.Tensor], where: str, depth: int, order
         )
     values = _field_values(value, form, fields)
     field_keys = _keys(value, kind, values, where) if form == "dataclass" else None
-    if form != "namedtuple" and _differs(_made(kind, form, values), kind, values, field_keys):
+    if (
+        rebuilt
+        and form != "namedtuple"
+        and _differs(_made(kind, form, values), kind, values, field_keys)
+    ):
         raise _Refused(
             where,
             f"a `{_kind_name(kind)}` {form} that its class, made again from its fields, "
             "does not give back as it is",
         )
     items = [
-        _shape(v, leaves, f"{where}.{field}", depth + 1, ordered) for field, v in values.items()
+        _shape(v, leaves, f"{where}.{field}", depth + 1, ordered, rebuilt)
+        for field, v in values.items()
     ]
     shape = {form: named, "fields": list(fields), "items": items}
     return {**shape, "keys": field_keys} if form == "dataclass" else shape
@@ -306,10 +324,12 @@ def _differs(made: Any, kind: type, values: dict[str, Any], keys: list[str] | No
 def tensors_in(value: Any) -> list[torch.Tensor] | None:
     """The tensors of ``value`` in the order they are met, going into every container the
     codec writes (a dataclass too, which torch's pytree does not go into), or None where
-    the codec does not write ``value``."""
+    the codec does not write ``value``. Asked of every answer of a cached module, a hit's
+    too, so its dataclasses are not made again by their constructor here: one computed was
+    checked so before it was kept, and one recalled was kept so."""
     leaves: list[torch.Tensor] = []
     try:
-        _shape(value, leaves, "", 0, ordered=True)
+        _shape(value, leaves, "", 0, ordered=True, rebuilt=False)
     except _Refused:
         return None
     return leaves
@@ -318,7 +338,7 @@ def tensors_in(value: Any) -> list[torch.Tensor] | None:
 def with_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
     """``value``, which the codec writes (:func:`tensors_in`), made again as a recall makes
     it, with ``tensors`` in the places of its own."""
-    shape = _shape(value, [], "", 0, ordered=True)
+    shape = _shape(value, [], "", 0, ordered=True, rebuilt=False)  # as tensors_in found it
     return _built(shape, tensors)
 
 
@@ -447,7 +467,7 @@ def _built(shape: Any, tensors: list[torch.Tensor]) -> Any:
 
 def _built_class(form: str, shape: dict[str, Any], tensors: list[torch.Tensor]) -> Any:
     """The namedtuple, structseq or dataclass of a checked ``shape``: Unreadable where its
-    class is not loaded, or has other fields, or made again is not what was kept."""
+    class is not loaded, has other fields, or is other than it was (:func:`_assembled`)."""
     named, fields = shape[form], shape["fields"]
     kind = _class_at(form, named, fields)
     if kind is None:
@@ -460,11 +480,34 @@ def _built_class(form: str, shape: dict[str, Any], tensors: list[torch.Tensor]) 
     if form == "namedtuple":
         # Made as the tuple it is, so no code of the class runs for what a store says.
         return tuple.__new__(kind, list(values.values()))
-    made = _made(kind, form, values)
-    if _differs(made, kind, values, shape.get("keys")):
+    if form == "dataclass":
+        return _assembled(kind, named, values, shape["keys"])
+    made = _made(kind, form, values)  # a structseq: the interpreter's constructor, no Python
+    if _differs(made, kind, values, None):
         raise Unreadable(
             f"a tensor answer is a `{named}` {form}, which its class, made again from the "
-            f"fields kept, does not give back as it was kept (keys {shape.get('keys')}): "
+            "fields kept, does not give back as it was kept: "
             "the class changed, so the answer is computed again"
         )
+    return made
+
+
+def _assembled(kind: type, named: str, values: dict[str, Any], keys: list[str] | None) -> Any:
+    """The dataclass ``kind`` holding ``values`` in its fields and, where it is a dict, the
+    fields ``keys`` as its keys: set in place, as its constructor set them when the value
+    was written (checked then), so no code of a class a store names runs, as none of a
+    namedtuple's does. Unreadable where its class is a dict now and was not, or the
+    reverse."""
+    base: Any = next(b for b in kind.__mro__ if b in _PLAIN_BASES)  # the C class it is made of
+    if (keys is not None) is not issubclass(base, dict):
+        raise Unreadable(
+            f"a tensor answer is a `{named}` dataclass kept as {'a' if keys is not None else 'no'}"
+            " dict, and its class is not so now: the class changed, so the answer is computed "
+            "again"
+        )
+    made = base.__new__(kind)
+    for field, value in values.items():
+        object.__setattr__(made, field, value)  # past a frozen or Hugging Face __setattr__
+    for key in keys or ():
+        base.__setitem__(made, key, values[key])  # past a ModelOutput's __setitem__
     return made

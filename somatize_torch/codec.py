@@ -26,9 +26,10 @@ among the modules already loaded, never imported: one defined inside a function
 is refused, and one whose class is not loaded (or has other fields) where the
 answer is read is :class:`~somatize.codecs.Unreadable`, an answer the engine computes again (an
 ``unreadable`` fact). A namedtuple is made as the tuple it is; a structseq by its class,
-from its items; a dataclass by its class's constructor, from its fields, and then
-checked: fields and keys other than those kept are Unreadable too. A dataclass is
-refused where that constructor would not make it again as it is: a field with
+from its items; a dataclass has its fields and keys set as they were kept, running no
+code of its class (a store naming a class gets none of its code run). A dataclass is
+written only where its constructor, handed its fields, makes it again as it is (so the
+value read is the value its constructor makes), and refused otherwise: a field with
 ``init=False``, a constructor that changes what it is handed, an attribute or a key
 that is no field. Every other type — a subclass of list or dict, a number beside a tensor,
 a tensor subclass or an ``nn.Parameter`` (a plain tensor is what would come back) — is

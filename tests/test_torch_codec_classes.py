@@ -207,7 +207,7 @@ def _more_fields(tree: dict[str, Any]) -> None:
     [
         (Answered(logits=torch.ones(1)), {"dataclass": "somatize_gone:Answered"}, "no such"),
         (Pooled(torch.ones(1)), _more_fields, "no such class"),
-        (Answered(logits=torch.ones(1)), {"keys": ["logits", "hidden"]}, "does not give back"),
+        (Answered(logits=torch.ones(1)), {"keys": None}, "the class changed"),
         (torch.ones(2).max(dim=0), {"structseq": "torch.return_types:gone"}, "no such class"),
         (torch.ones(2).max(dim=0), {"fields": ["indices", "values"]}, "no such class"),
     ],
@@ -216,8 +216,8 @@ def _more_fields(tree: dict[str, Any]) -> None:
 def test_a_kept_class_not_loaded_or_changed_is_unreadable(
     value: Any, change: Any, said: str
 ) -> None:
-    """A kept dataclass or structseq whose class is not loaded, has other fields, or made
-    again has other keys than were kept, is Unreadable: computed again, never a value other
+    """A kept dataclass or structseq whose class is not loaded, has other fields, or is a
+    dict now and was not kept as one, is Unreadable: computed again, never a value other
     than what was kept."""
     changed = change if callable(change) else lambda tree: tree.update(change)
     with pytest.raises(Unreadable, match=said):
@@ -343,3 +343,63 @@ def test_a_model_output_computed_or_recalled_holds_each_tensor_in_memory_of_its_
         assert torch.equal(out.hidden, model(x).hidden) and torch.equal(out.loss, x + 1)
         assert out["logits"] is out.logits
     assert wrapped.counts["answers_twice"]["recalled"] == 1
+
+
+_MADE: list[str] = []
+"""What :class:`Noted`'s constructor was run for: none of its code runs for a read."""
+
+
+@dataclasses.dataclass
+class Noted:
+    """A dataclass whose `__post_init__` does something beside its fields (here, notes it
+    ran), as one a store might name to have its code run."""
+
+    hidden: torch.Tensor
+    pooled: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        _MADE.append("made")
+
+
+def test_reading_a_dataclass_runs_no_code_of_its_class() -> None:
+    """A kept dataclass is made again as it was kept, not by its constructor: a store
+    naming any loaded dataclass does not get its code run, as it gets no namedtuple's."""
+    value = Noted(torch.ones(2), torch.zeros(1))
+    data = _bytes(value)
+    _MADE.clear()
+    back = smt.TENSOR.decode(data)
+    assert _MADE == []
+    assert _alike(back, value)
+    output = smt.TENSOR.decode(_bytes(Answered(logits=torch.ones(1), loss=torch.zeros(()))))
+    assert type(output) is Answered and list(output) == ["logits", "loss"]
+    assert output.hidden is None and torch.equal(output[1], torch.zeros(()))
+
+
+def test_a_dataclass_kept_as_a_dict_whose_class_is_none_now_is_unreadable() -> None:
+    """A kept dataclass's keys say whether it was a dict: one kept as a dict whose class is
+    none now is computed again rather than given back other."""
+    with pytest.raises(Unreadable, match="the class changed"):
+        smt.TENSOR.decode(_patched(Pooled(torch.ones(1)), lambda tree: tree.update(keys=[])))
+
+
+class AnswersNoted(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> Noted:
+        return Noted(self.head(x))
+
+
+def test_a_recalled_dataclass_answer_runs_no_code_of_its_class(store: Store) -> None:
+    """A cached module's dataclass answer, recalled, runs none of its class's code: neither
+    to read it nor to place it (each hit of a row cache would run it)."""
+    wrapped = smt.wrap(AnswersNoted(), frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 4)
+    computed = wrapped(x)
+    _MADE.clear()
+    recalled = wrapped(x)
+    assert wrapped.counts["answers_noted"]["recalled"] == 1
+    assert _MADE == []
+    assert _alike(recalled, computed)
