@@ -32,6 +32,7 @@ import dataclasses
 import inspect
 import json
 import types
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -140,10 +141,9 @@ def _shape(
             for k in keys
         ]
         return {kind.__name__: pairs}
-    form = _form(kind)
+    form, fields = _layout(kind)
     if form is None:
         raise _Refused(where, f"a `{_kind_name(kind)}`")
-    fields = _fields(form, kind)
     if fields is None:  # a dataclass its constructor alone cannot make
         raise _Refused(where, f"a `{_kind_name(kind)}` dataclass, {_UNMADE}")
     named = qualified(kind)
@@ -192,6 +192,24 @@ class Dataclass(abc.ABC):  # noqa: B024  # an ABC for its subclass hook alone: n
     @classmethod
     def __subclasshook__(cls, kind: type) -> bool:
         return dataclasses.is_dataclass(kind) or NotImplemented
+
+
+_LAYOUTS: weakref.WeakKeyDictionary[type, tuple[str | None, tuple[str, ...] | None]] = (
+    weakref.WeakKeyDictionary()
+)
+"""Each class's :func:`_layout`, found once: a cached module's answer is walked at every
+call, a hit's too, and finding it asks the class for its attributes many times over."""
+
+
+def _layout(kind: type) -> tuple[str | None, tuple[str, ...] | None]:
+    """Which of :data:`_FORMS` class ``kind`` is and its fields (:func:`_form`,
+    :func:`_fields`): what it is, fixed when the class was made, found once."""
+    found = _LAYOUTS.get(kind)
+    if found is None:
+        form = _form(kind)
+        found = (form, None if form is None else _fields(form, kind))
+        _LAYOUTS[kind] = found
+    return found
 
 
 def _form(kind: type) -> str | None:
@@ -361,7 +379,7 @@ def _class_at(form: str, named: str, fields: Sequence[str]) -> type | None:
     if "<locals>" in qualname:
         return None
     found = held_at(module, qualname)  # no code runs for a name a store gave
-    if isinstance(found, type) and _fields(form, found) == tuple(fields):
+    if isinstance(found, type) and _layout(found) == (form, tuple(fields)):
         return found
     return None
 

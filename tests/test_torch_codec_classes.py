@@ -403,3 +403,32 @@ def test_a_recalled_dataclass_answer_runs_no_code_of_its_class(store: Store) -> 
     assert wrapped.counts["answers_noted"]["recalled"] == 1
     assert _MADE == []
     assert _alike(recalled, computed)
+
+
+class AnswersMax(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.head(x).max(dim=1)
+
+
+def test_a_hits_classes_are_not_looked_into_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a class of an answer is (a namedtuple, a structseq, a dataclass, its fields) is
+    found once: a hit, on a row cache at every batch, does not ask it again."""
+    from somatize_torch import _codec_tree
+
+    wrapped = smt.wrap(AnswersMax(), frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 4)
+    computed = wrapped(x)
+    asked: list[type] = []
+    looked = _codec_tree._form
+    monkeypatch.setattr(_codec_tree, "_form", lambda kind: asked.append(kind) or looked(kind))
+    recalled = wrapped(x)
+    assert wrapped.counts["answers_max"]["recalled"] == 1
+    assert asked == []
+    assert _alike(recalled, computed)
