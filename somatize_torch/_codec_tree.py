@@ -180,7 +180,8 @@ Face's ``ModelOutput``, a dataclass that is an ``OrderedDict`` of its fields not
 
 _UNMADE = (
     "which its constructor does not make from its fields alone (a field with `init=False`, "
-    "a slot beside its fields, a base such as `str` or `set` that holds values of its own), "
+    "a slot beside its fields, a field set through a property, a base such as `str` or "
+    "`set` that holds values of its own), "
     "so it could not be made again as it is"
 )
 
@@ -249,7 +250,10 @@ _HEAP_TYPE = 1 << 9
 def _held_in_fields(kind: type, fields: tuple[str, ...]) -> bool:
     """Whether all that an instance of dataclass ``kind`` holds is in its fields (and, for a
     dict, its keys): no base written in C but :data:`_PLAIN_BASES` (a ``str`` or a
-    ``set`` holds what no field says), no slot beside its fields."""
+    ``set`` holds what no field says), no slot beside its fields, no field set through a
+    property (its code would run for each value a store hands)."""
+    if any(_set_by_code(inspect.getattr_static(kind, field, None)) for field in fields):
+        return False
     for base in kind.__mro__:
         if base not in _PLAIN_BASES and not base.__flags__ & _HEAP_TYPE:
             return False
@@ -258,6 +262,13 @@ def _held_in_fields(kind: type, fields: tuple[str, ...]) -> bool:
         if any(slot not in fields and slot not in ("__dict__", "__weakref__") for slot in slots):
             return False
     return True
+
+
+def _set_by_code(attribute: Any) -> bool:
+    """Whether ``attribute`` of a class is set through code of its own: a data descriptor
+    (a property) that is no slot."""
+    settable = inspect.getattr_static(type(attribute), "__set__", None) is not None
+    return settable and not isinstance(attribute, types.MemberDescriptorType)
 
 
 def _structseq(kind: type) -> tuple[str, ...] | None:

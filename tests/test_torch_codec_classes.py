@@ -432,3 +432,33 @@ def test_a_hits_classes_are_not_looked_into_again(
     assert wrapped.counts["answers_max"]["recalled"] == 1
     assert asked == []
     assert _alike(recalled, computed)
+
+
+@dataclasses.dataclass
+class Propertied:
+    """A dataclass whose field is set through a property: code of its class runs for each
+    value set, made by its constructor or not."""
+
+    hidden: torch.Tensor
+    pooled: torch.Tensor | None = None
+
+
+def _set_hidden(self: Propertied, value: torch.Tensor) -> None:
+    _MADE.append("set")
+    self.__dict__["hidden"] = value
+
+
+setattr(Propertied, "hidden", property(lambda self: self.__dict__["hidden"], _set_hidden))  # noqa: B010  # after the class, as a dataclass takes it for the default otherwise
+
+
+def test_a_dataclass_whose_field_is_a_property_is_neither_kept_nor_read() -> None:
+    """A field set through a property is refused, and a store naming such a class is
+    computed again: setting it would run the class's code."""
+    refusal = smt.TENSOR.refusal(Propertied(torch.ones(1)))
+    assert refusal is not None and "property" in refusal, refusal
+    named = f"{__name__}:Propertied"
+    data = _patched(Noted(torch.ones(1)), lambda tree: tree.update(dataclass=named))
+    _MADE.clear()
+    with pytest.raises(Unreadable, match="no such class"):
+        smt.TENSOR.decode(data)
+    assert _MADE == []
