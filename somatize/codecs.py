@@ -49,6 +49,11 @@ class Unreadable(ValueError):
     reads it as a miss, says so with an ``unreadable`` fact, and computes the answer again;
     nothing is damaged, and nothing is set aside."""
 
+    def __init__(self, message: str, named: str | None = None) -> None:
+        super().__init__(message)
+        self.named = named
+        """The class not loaded here, as ``module:qualname``, where that is why."""
+
 
 class Codec(abc.ABC):
     """One kind of value, as bytes.

@@ -503,7 +503,8 @@ def _built_class(form: str, shape: dict[str, Any], tensors: list[torch.Tensor]) 
         raise Unreadable(
             f"a tensor answer is a `{named}` {form} with fields {fields}, and no such class "
             "is loaded in this process: it is not imported to read an answer, so the answer "
-            "is computed again"
+            "is computed again",
+            named=named,
         )
     values = {f: _built(item, tensors) for f, item in zip(fields, shape["items"], strict=True)}
     if form == "namedtuple":

@@ -26,6 +26,7 @@ from somatize.broker import (
     FailedOnWorker,
     OtherCluster,
     StateMismatch,
+    UnreadableCrossing,
     Worker,
     WorkerLost,
     WorkerTimeout,
@@ -33,11 +34,13 @@ from somatize.broker import (
 from somatize.keys import root_key
 from somatize_torch import ModuleNode, freeze
 from tests.broker_nodes import (
+    AnswersUnloaded,
     ChangesItsCode,
     Encoder,
     Exits,
     ExitsWhenBuilt,
     Gained,
+    Hidden,
     Length,
     MakesBlob,
     Meet,
@@ -1532,3 +1535,37 @@ def test_an_address_where_no_cluster_answers_is_refused_at_once(
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"no Ray cluster answers at {named}" in done.stdout
     assert "ray start --head" in done.stdout
+
+
+def test_a_dataclass_whose_class_is_not_loaded_across_is_refused_naming_it(
+    broker: Any, store: Store
+) -> None:
+    """A dataclass answer of a class that only the worker's node loads, crossing back, and
+    one of a class only this process loaded, crossing to a worker, are refused naming the
+    class and the module to import, not said to be raised by the node; once this process
+    loads the class, the answer the worker kept is read back."""
+    module = "somatize_loaded_by_forward"
+    assert module not in sys.modules
+    x = 4
+    g = Graph.somatize(AnswersUnloaded().named("enc").frozen().cached().at("w1"))
+    try:
+        for _ in range(2):  # computed on the worker, then recalled from its store too
+            seen: list[dict[str, Any]] = []
+            with pytest.raises(UnreadableCrossing, match=f"`import {module}`") as caught:
+                g.forward(x, store=store, broker=broker, watching=seen.append)
+            assert (
+                f"the answer of `enc`, crossing back from worker `w1`, is a `{module}:Output`"
+                in str(caught.value)
+            )
+            failed = [f for f in seen if f["fact"] == "failed"]
+            assert failed == [{"fact": "failed", "node": "enc", "error": "refused"}]
+        AnswersUnloaded().forward(x, None)  # as `import` of its module here would load it
+        recalled = g.forward(x, store=store, broker=broker)
+        assert type(recalled).__module__ == module and torch.equal(
+            recalled.hidden, torch.arange(4.0) * 2
+        )
+        there = Graph.somatize(AnswersUnloaded().named("enc") >> Hidden().named("h").at("w2"))
+        with pytest.raises(UnreadableCrossing, match=f"Import `{module}` in the module of `h`"):
+            there.forward(x, broker=broker)
+    finally:
+        sys.modules.pop(module, None)

@@ -41,6 +41,7 @@ from somatize.broker.base import (
     Reentrant,
     StateMismatch,
     UnknownWorker,
+    UnreadableCrossing,
     WorkerLost,
     WorkerTimeout,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "Reentrant",
     "StateMismatch",
     "UnknownWorker",
+    "UnreadableCrossing",
     "Worker",
     "WorkerLost",
     "WorkerTimeout",

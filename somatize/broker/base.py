@@ -187,6 +187,12 @@ class GradientLost(SomatizeError, ValueError):
     alone: the gradient through the node placed there would be lost without a word."""
 
 
+class UnreadableCrossing(SomatizeError, ValueError):
+    """A value that crossed to or from a network worker in another process cannot be read
+    where it landed: it names a class not loaded in that process (a dataclass, a
+    namedtuple), which is never imported to read a value."""
+
+
 def state_mismatch(node: str, worker: str, loaded: str, frozen: str) -> StateMismatch:
     """The refusal of a worker that loaded state ``loaded`` for ``node`` frozen at ``frozen``."""
     return StateMismatch(

@@ -147,7 +147,7 @@ class EmbeddedBroker(Broker):
         job, sent = job_for(
             graph, node, worker, blueprint, inputs, ctx, keep=keep, holder=self._holder(graph)
         )
-        unpack = unpacker()  # in the caller's inference mode, read on its thread
+        unpack = unpacker(node, worker)  # in the caller's inference mode, read on its thread
 
         def run_there(host: Host) -> Done:
             start = time.perf_counter_ns()

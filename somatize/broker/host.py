@@ -106,12 +106,12 @@ from somatize.catalog import (
     fingerprint_of,
     state_crosses,
 )
-from somatize.codecs import _CODEC_HOMES, CODECS, CodecError
+from somatize.codecs import _CODEC_HOMES, CODECS, CodecError, Unreadable
 from somatize.node import Context, Node, digest_of, held_by
 from somatize.plan import static_of
 from somatize.store import Store, StoreError
 
-from .base import GradientLost, StateMismatch, state_mismatch
+from .base import GradientLost, StateMismatch, UnreadableCrossing, state_mismatch
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -389,19 +389,61 @@ def _as_a_worker_builds() -> AbstractContextManager[Any]:
     return nullcontext() if "torch" not in sys.modules else _in_modes(True, False)
 
 
-def unpacker() -> Callable[[str, Buffer], Any]:
-    """What unpacks an answer that crossed back from a network worker as it would be made
-    where the graph is called, on whichever thread the reply is read: in the inference mode
-    of the thread that calls this (:func:`callers_modes`), so that an answer to a forward
-    under ``torch.inference_mode()`` is an inference tensor, as the node's own answer there
-    and one recalled from the store are."""
+def unpacker(node: str, worker: str) -> Callable[[str, Buffer], Any]:
+    """What unpacks the answer of ``node`` that crossed back from network worker ``worker``
+    as it would be made where the graph is called, on whichever thread the reply is read: in
+    the inference mode of the thread that calls this (:func:`callers_modes`), so that an
+    answer to a forward under ``torch.inference_mode()`` is an inference tensor, as the
+    node's own answer there and one recalled from the store are. UnreadableCrossing for one
+    naming a class this process has not loaded."""
     modes = callers_modes()
 
     def unpacked(codec: str, data: Buffer) -> Any:
         with modes():
-            return unpack(codec, data)
+            try:
+                return unpack(codec, data)
+            except Unreadable as why:
+                raise unreadable_answer(node, worker, why) from None
 
     return unpacked
+
+
+_NOT_IMPORTED = "and no module is imported to read a value"
+
+
+def unreadable_answer(node: str, worker: str, why: Unreadable) -> UnreadableCrossing:
+    """The refusal of the answer of ``node`` that crossed back from ``worker`` and cannot be
+    read where the graph is called (``why``): a class the node's code loads there only."""
+    where = f"the answer of `{node}`, crossing back from worker `{worker}`"
+    if why.named is None:
+        return UnreadableCrossing(f"{where}, cannot be read where the graph is called: {why}")
+    module = why.named.partition(":")[0]
+    return UnreadableCrossing(
+        f"{where}, is a `{why.named}`, a class not loaded in this process, where the graph "
+        f"is called, {_NOT_IMPORTED}. Import its module here before the forward "
+        f"(`import {module}`), as the code of `{node}` does on the worker"
+    )
+
+
+def unreadable_input(node: str, worker: str, why: Unreadable) -> UnreadableCrossing:
+    """The refusal of an input of ``node`` that crossed to ``worker``, in another process,
+    and cannot be read there (``why``): a class that process has not loaded."""
+    where = f"an input of `{node}`, crossing to worker `{worker}`"
+    if why.named is None:
+        return UnreadableCrossing(f"{where}, cannot be read there: {why}")
+    module = why.named.partition(":")[0]
+    fix = (
+        "A class defined in a script or a notebook (`__main__`) is found in no other "
+        f"process: define it in a module, and import that module in the module of `{node}`'s "
+        "class"
+        if module in ("__main__", "__mp_main__", "builtins")
+        else f"Import `{module}` in the module of `{node}`'s class, so the worker loads it as "
+        "it builds the node"
+    )
+    return UnreadableCrossing(
+        f"{where}, is a `{why.named}`, a class not loaded in the worker's process, "
+        f"{_NOT_IMPORTED}; `{node}` did not run. {fix}"
+    )
 
 
 def _needs_grad(value: Any) -> bool:
@@ -866,7 +908,10 @@ class Host:
             assert job.state is not None
             return NeedState(job.state)
         self.same_code(node, job.fingerprint, job.name)
-        inputs = [unpack(codec, data) for codec, data in zip(job.codecs, payloads, strict=True)]
+        try:
+            inputs = [unpack(codec, data) for codec, data in zip(job.codecs, payloads, strict=True)]
+        except Unreadable as why:
+            raise unreadable_input(job.name, self.worker, why) from None
         store = self.open(job.store) if job.store is not None else None
         ctx = Context(
             name=job.name,

@@ -585,7 +585,7 @@ class RayBroker(Broker):
         payloads = [ray.put(data) if len(data) > _INLINE else data for data in sent]
         with self._lock:
             closes = self._closes
-        unpack = unpacker()  # in the caller's inference mode, read on its thread
+        unpack = unpacker(node, worker)  # in the caller's inference mode, read on its thread
 
         def run() -> Done:
             start = time.perf_counter_ns()
