@@ -107,6 +107,9 @@ class _Run:
         (:attr:`~somatize.broker.base.Done.moved`), and a node that changed what it declares
         as it ran here (:meth:`~somatize.node.Node.changed_as_it_ran`)."""
         self.loaded: dict[str, Any] = {}
+        self.unused: set[str] = set()
+        """The keys whose answers this forward read back and could not use (unreadable,
+        corrupt, drifted under ``strict``): the store object remembers those records."""
         self.drift: dict[str, tuple[str | None, str]] = {}
         """Node → the code fingerprints (kept with, now) of the first of its drifted answers
         read back: a mapped node's items may have been kept by several older versions."""
@@ -180,6 +183,7 @@ class _Run:
         value = self._decode(node, key, self._recalled(key), fingerprint)
         if isinstance(value, (_Unused, _Recompute)):
             self.emit(self.unused_fact(node, key, value))
+            self.unused.add(key)
             return _DAMAGED
         return value
 

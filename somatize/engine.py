@@ -409,6 +409,10 @@ def _ran(
             if size is not None:
                 state.emit({"fact": "kept", "node": node, "key": key, "bytes": size})
         else:
+            if key in state.unused:
+                # Its worker kept it in place of the answer read back here, which this
+                # process's store object remembers: read afresh, the next forward recalls it.
+                state.store.reread(key)
             worker = state.graph.placement.worker_of(node)
             state.emit({"fact": "kept", "node": node, "key": key, "bytes": kept, "by": worker})
 

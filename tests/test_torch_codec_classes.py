@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import somatize.torch as smt
-from somatize import CODECS, Graph, Node, Store
+from somatize import CODECS, Broker, Graph, Node, Store, Worker
 from somatize.codecs import Unreadable
 from tests.test_torch_wrap import Answered, AnswersAsHuggingFace
 
@@ -293,6 +293,53 @@ def _computed_again(graph: Graph, store: Store, kind: type, hidden: torch.Tensor
     back = graph.forward(2, store=store, watching=seen.append)
     assert [f["fact"] for f in seen][:2] == ["unreadable", "ran"], seen
     assert type(back) is kind and torch.equal(back["hidden"], hidden)
+
+
+class _OutputsOf(Node):
+    """Answers the dataclass ``Output`` of the loaded module it names."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def forward(self, x: int, ctx: Any) -> Any:
+        return sys.modules[self.module].Output(hidden=torch.ones(2) * x)
+
+
+def _store_in(home: str, folder: Path) -> Store:
+    if home == "directory":
+        return Store(folder)
+    from tests.conftest_s3 import s3_options, s3_url
+
+    cache = {"cache": folder / "cache"} if home == "bucket, cached" else {}
+    return Store.on_bucket(s3_url(), **s3_options(), **cache)
+
+
+@pytest.mark.parametrize("home", ["directory", "bucket", "bucket, cached"])
+def test_an_answer_a_worker_keeps_in_place_of_an_unreadable_one_is_recalled_next(
+    home: str, tmp_path: Path
+) -> None:
+    """An answer read back unreadable here (its class has other fields now) that a network
+    worker computes again and keeps in its place is recalled by the next forward, not
+    read back unreadable and computed again at every forward."""
+    store = _store_in(home, tmp_path)
+    module = types.ModuleType("somatize_outputs_kept_there")
+    sys.modules[module.__name__] = module
+    graph = Graph.somatize(_OutputsOf(module.__name__).named("out").frozen().cached().at("w1"))
+    broker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    try:
+        _output_class(module, "hidden")
+        graph.forward(2, store=store)
+        kind = _output_class(module, "hidden", "pooled")
+        said = []
+        for _ in range(3):
+            seen: list[dict[str, Any]] = []
+            back = graph.forward(2, store=store, broker=broker, watching=seen.append)
+            assert type(back) is kind and torch.equal(back.hidden, torch.ones(2) * 2)
+            said.append([f["fact"] for f in seen if f["fact"] != "crossed"])
+        assert said[0] == ["unreadable", "ran", "kept", "finished"], said
+        assert said[1:] == [["recalled", "finished"]] * 2, said
+    finally:
+        sys.modules.pop(module.__name__, None)
 
 
 def test_a_model_answering_a_model_output_is_cached_whole(store: Store) -> None:

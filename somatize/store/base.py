@@ -807,6 +807,11 @@ class Store(abc.ABC):  # noqa: B024 (its abstract methods are marked by `require
         check_labels(codec, fingerprint)
         return JoinedWrite(self, codec, fingerprint)
 
+    def reread(self, key: str) -> None:  # noqa: B027  # a home remembering records overrides it
+        """Reads the record of ``key`` afresh: another process (a worker) has just kept an
+        answer in place of the one this object read, which it may remember. This default,
+        for a home that remembers no record, does nothing."""
+
     def recall_many(
         self, keys: Sequence[str], *, borrow: bool = False
     ) -> dict[str, tuple[Answer, memoryview] | Exception]:

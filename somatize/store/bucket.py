@@ -1421,6 +1421,12 @@ class BucketStore(BucketShelf):
             self._remember(found)
         return found
 
+    def reread(self, key: str) -> None:
+        with contextlib.suppress(StoreError):  # unread: the next recall says why
+            data = self._read(self._answer_path(key), f"the answer record of {key}")
+            if data is not None:
+                self._learn(key, data)
+
     def _learn(self, key: str, data: bytes) -> Answer:
         answer = decode_record(key, data, self.signer)
         self._supersede(answer)

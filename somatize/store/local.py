@@ -657,6 +657,10 @@ class LocalStore(LocalShelf):
             raise unread
         return record
 
+    def reread(self, key: str) -> None:
+        with contextlib.suppress(StoreError):  # unread: the next recall says why
+            self._read_record(key)
+
     def _read_record(self, key: str) -> Answer | None:
         """The record file of ``key``, read and checked; None if there is none, StoreError
         if this process may not read it."""
