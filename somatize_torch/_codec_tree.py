@@ -148,11 +148,7 @@ def _shape(
         raise _Refused(where, f"a `{_kind_name(kind)}` dataclass, {_UNMADE}")
     named = qualified(kind)
     if _class_at(form, named, fields) is not kind:
-        raise _Refused(
-            where,
-            f"a `{_kind_name(kind)}` {form}, whose class cannot be found again by its "
-            "name (it is defined inside a function, or another class took its name)",
-        )
+        raise _Refused(where, f"a `{_kind_name(kind)}` {form}, {_unfound(named)}")
     values = _field_values(value, form, fields)
     field_keys = _keys(value, kind, values, where) if form == "dataclass" else None
     if (
@@ -171,6 +167,23 @@ def _shape(
     ]
     shape = {form: named, "fields": list(fields), "items": items}
     return {**shape, "keys": field_keys} if form == "dataclass" else shape
+
+
+def _unfound(named: str) -> str:
+    """Why the class ``named`` (``module:qualname``) of a value cannot be found again by
+    that name where the answer is read."""
+    module, _, qualname = named.partition(":")
+    why = "whose class cannot be found again by its name: "
+    if "<locals>" in qualname:
+        return why + "it is defined inside a function"
+    if held_at(module, qualname) is None:
+        # exec() of a namespace, runpy.run_path: its classes name a module that is not it.
+        return why + (
+            f"module `{module}` holds no such class, as for code run by `exec` or `runpy` in "
+            "a namespace of its own. Define the class in a module, or in the script or "
+            "notebook itself"
+        )
+    return why + "another class took its name"
 
 
 _FORMS = ("namedtuple", "structseq", "dataclass")

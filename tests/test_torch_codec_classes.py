@@ -174,6 +174,16 @@ def _key_beside() -> Answered:
     return value
 
 
+def _run_by_exec() -> Any:
+    """A dataclass made by code run by `exec` in a namespace of its own, as a notebook
+    runner or `runpy.run_path` runs a file: its class names a module that does not hold
+    it."""
+    namespace: dict[str, Any] = {"__name__": "somatize_cell"}
+    cell = "import dataclasses\n@dataclasses.dataclass\nclass Out:\n    hidden: object\n"
+    exec(compile(cell, "<cell>", "exec", dont_inherit=True), namespace)
+    return namespace["Out"](torch.ones(1))
+
+
 @pytest.mark.parametrize(
     ("value", "why"),
     [
@@ -181,12 +191,25 @@ def _key_beside() -> Answered:
         (Named(torch.ones(1)), "dataclass, which its constructor does not make"),
         (SlottedFields(torch.ones(1)), "dataclass, which its constructor does not make"),
         (_local(), "dataclass, whose class cannot be found again by its name"),
+        (_local(), "its name: it is defined inside a function"),
+        (_run_by_exec(), "module `somatize_cell` holds no such class, as for code run by `exec`"),
         (Doubled(torch.ones(1)), "made again from its fields, does not give back as it is"),
         (_extra(), "dataclass holding `note`, no field"),
         (_key_beside(), r"item \['other'\] is a key .* not the field of its name"),
         (Pooled(torch.ones(1), None, (3,)), r"item .extra\[0\] is a `builtins.int`"),
     ],
-    ids=["not-init", "str", "slot", "local", "rebuilt-differs", "attribute", "key", "int-field"],
+    ids=[
+        "not-init",
+        "str",
+        "slot",
+        "local",
+        "local-why",
+        "exec",
+        "rebuilt-differs",
+        "attribute",
+        "key",
+        "int-field",
+    ],
 )
 def test_a_dataclass_that_cannot_come_back_as_it_is_is_refused(value: Any, why: str) -> None:
     """A dataclass with a field its constructor does not take, one defined inside a
