@@ -909,6 +909,10 @@ class Tracing:
         object.__setattr__(wrapped, "_dtyped", self.dtyped)
         traced = (type(model), *(type(module) for module in traced_into.values()))
         values = Values(self.world.read, type(model).__qualname__, traced, keyed_with(model))
+        if self.world.read is None:
+            # No trace for these values ran (fx refused each): what the config holds is
+            # looked at again at each call, so that values set back run their traces.
+            values = _Untraced(values)
         object.__setattr__(wrapped, "_values", values)
         object.__setattr__(
             wrapped,

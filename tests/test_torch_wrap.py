@@ -9724,6 +9724,39 @@ def test_a_config_change_traced_again_is_bounded_and_kept_to_the_declared_calls(
         assert torch.equal(wrapped(x), model(x))
 
 
+class IteratesByConfig(nn.Module):
+    """Iterates over what its encoder answers where its config says so, as a Hugging Face
+    model builds its tuple answer (`(h,) + tuple(out[1:])`) where `return_dict` is False:
+    fx cannot trace that."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Config()
+        self.encoder = _Encoder()
+
+    def forward(self, x: torch.Tensor) -> Any:
+        h = self.encoder(x)
+        if self.config.flag:
+            return tuple(h)
+        return h * self.config.scale
+
+
+def test_a_config_change_fx_cannot_trace_is_refused_until_set_back(store: Store) -> None:
+    """A config changed so that fx cannot trace the forward is refused, naming the line;
+    set back, the model runs the code traced first again, recalling what it kept."""
+    wrapped, model = _encoder_cached(IteratesByConfig, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        first = wrapped(x)
+        model.config.flag = True
+        for _ in range(2):
+            with pytest.raises(smt.Untraceable, match=r"return tuple\(h\)"):
+                wrapped(x)
+        model.config.flag = False
+        assert torch.equal(wrapped(x), first)
+        assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1}
+
+
 class _VitConfig:
     """A Hugging Face config: the defaults the forward's optional arguments resolve to."""
 
