@@ -491,12 +491,7 @@ def _keyed_call(
         if value is None:  # an optional argument not given: keyed as None, where it stands
             continue
         if not isinstance(value, torch.Tensor):
-            raise TypeError(
-                f"`{name}` is cached and is called with a `{type(value).__name__}` as "
-                f"argument {index}: a cached submodule is keyed by the content of the "
-                "tensors it is handed, so its arguments must be tensors (or None). Make the "
-                "value a constant of the model, or drop the submodule from `cached=`"
-            )
+            raise _not_a_tensor(self, name, index, value)
         if torch._C._functorch.is_functorch_wrapped_tensor(value) or transforming():
             raise in_a_transform(
                 f"`{name}` is cached and", f"argument {index}", "drop it from `cached=`"
@@ -606,6 +601,32 @@ def _keyed_call(
         held._settings = node._settings  # taken again where the call gave values anew as they were
     self.owner._noted(name, Record(facts))
     return _placed(out, tensors[0].device) if tensors else out
+
+
+def _not_a_tensor(self: _Cached, name: str, index: int, value: Any) -> TypeError:
+    """The refusal of a call handing ``value``, no tensor, as argument ``index``: named as
+    the module's signature names it, since a flag is mostly given by name
+    (`output_hidden_states=True`), and counted from 0 once put in order."""
+    params = [
+        one
+        for one in (self._signature.parameters.values() if self._signature else ())
+        if one.kind in (one.POSITIONAL_ONLY, one.POSITIONAL_OR_KEYWORD)
+    ]
+    param = params[index] if index < len(params) else None
+    said = f"argument {index}" if param is None else f"argument {index} (`{param.name}`)"
+    advice = "Make the value a constant of the model, or drop the submodule from `cached=`"
+    if param is not None and param.default is None:
+        # Hugging Face's flags: left None, the forward reads them from its config.
+        advice = (
+            f"Leave `{param.name}` out and set the value the module reads in its place (a "
+            f"Hugging Face model's `model.config.{param.name}`), make it a constant of the "
+            "model, or drop the submodule from `cached=`"
+        )
+    return TypeError(
+        f"`{name}` is cached and is called with a `{type(value).__name__}` as {said}: a "
+        "cached submodule is keyed by the content of the tensors it is handed, so its "
+        f"arguments must be tensors (or None). {advice}"
+    )
 
 
 def _own_error(failed: NodeFailed) -> Exception | None:

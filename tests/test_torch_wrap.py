@@ -3478,6 +3478,37 @@ def test_a_wrapped_module_takes_keyword_arguments(store: Store) -> None:
     assert frozen(x, mask=mask, scale=mask).shape == (3, 4)
 
 
+class FlagFromConfig(nn.Module):
+    """Reads a flag from its config where a call leaves it None, as Hugging Face models
+    read `output_hidden_states`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Config()
+        self.linear = nn.Linear(4, 4)
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None, flag: bool | None = None
+    ) -> torch.Tensor:
+        flag = flag if flag is not None else self.config.flag
+        return self.linear(x) * 2.0 if flag else self.linear(x)
+
+
+def test_a_flag_handed_to_a_wrapped_module_is_refused_naming_it(store: Store) -> None:
+    """A flag handed by name to a module wrapped whole is refused naming it, and saying
+    where to set it instead: set on the config, the call is keyed by it."""
+    torch.manual_seed(0)
+    module = FlagFromConfig()
+    wrapped = smt.wrap(module, frozen=True, cached=True, store=store)
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with pytest.raises(TypeError, match=r"`bool` as argument 2 \(`flag`\).* `model\.config\.flag`"):
+        wrapped(x, flag=True)
+    module.config.flag = True
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), module(x, flag=True))
+
+
 class Attends(Masked):
     """Takes an optional mask, then an optional scale, as attention modules do."""
 
