@@ -1005,6 +1005,9 @@ class Tracing:
         world = empty[0] if empty else _World({}, made)
         if not empty:
             self.worlds.append(world)
+        # What fx refused there was refused for the values the config held then: the
+        # values it holds now are traced afresh.
+        world.runners.clear()
         self._enter(world)
 
     def _enter(self, world: _World) -> None:

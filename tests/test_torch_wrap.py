@@ -9774,7 +9774,8 @@ class IteratesByConfig(nn.Module):
 
 def test_a_config_change_fx_cannot_trace_is_refused_until_set_back(store: Store) -> None:
     """A config changed so that fx cannot trace the forward is refused, naming the line;
-    set back, the model runs the code traced first again, recalling what it kept."""
+    set back, the model runs the code traced first again, recalling what it kept; changed
+    to other values fx can trace, it is traced for them."""
     wrapped, model = _encoder_cached(IteratesByConfig, store)
     x = torch.randn(3, 4)
     with torch.no_grad():
@@ -9786,6 +9787,12 @@ def test_a_config_change_fx_cannot_trace_is_refused_until_set_back(store: Store)
         model.config.flag = False
         assert torch.equal(wrapped(x), first)
         assert wrapped.counts["encoder"] == {"ran": 1, "kept": 1, "recalled": 1}
+        model.config.flag = True
+        with pytest.raises(smt.Untraceable, match=r"return tuple\(h\)"):
+            wrapped(x)
+        model.config.flag, model.config.scale = False, 3.0
+        assert torch.equal(wrapped(x), model(x))
+        assert not torch.equal(model(x), first)
 
 
 class _VitConfig:
