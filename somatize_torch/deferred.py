@@ -84,7 +84,8 @@ class NotLoadable(SomatizeError, ValueError):
 
 _MARKS_KEPT = 8
 """How many versions' marks of answered samples a :class:`Deferred` keeps beside the
-ones it holds: a few stages' versions, each a bool per sample."""
+ones it holds: a few stages' versions, each a bool per sample (in memory only once
+marked: see :func:`_shared_zeros`)."""
 
 _KNOWN: weakref.WeakValueDictionary[str, Deferred] = weakref.WeakValueDictionary()
 """Every :class:`Deferred` of this process by its name, so a batch made in a DataLoader
@@ -118,11 +119,7 @@ class Deferred(Dataset[Any]):
         self.name = secrets.token_hex(8)
         self._count = count
         self._row: tuple[torch.dtype, torch.Size] | None = None
-        # Which samples a cache has answered: a hint, in memory shared with DataLoader
-        # workers, for which inputs to load with the sample (where workers load them).
-        answered = torch.zeros(count, dtype=torch.bool)
-        self.answered = answered.share_memory_()  # type: ignore[no-untyped-call]
-        self._marks_unkept()
+        self._marks_anew(self.version)
         _KNOWN[self.name] = self
 
     @property
@@ -175,46 +172,73 @@ class Deferred(Dataset[Any]):
         it as it is (:func:`~somatize_torch._row_keys.given_holds`)."""
         self.generation += 1
 
-    def _forget_answered(self) -> None:
-        """Marks no sample answered (in place: workers share the flags), so workers load
-        their inputs with them again: the rows answered were of other data. (Where the cache
-        lending its version is given another, :meth:`marks_under` holds that one's.)"""
-        answered = getattr(self, "answered", None)  # none yet while it is made
-        if answered is not None:
-            answered.fill_(False)
-            self._marks_unkept()
+    @property
+    def answered(self) -> torch.Tensor:
+        """Which samples a cache has answered under the version rows are keyed under now
+        (:meth:`marks_under`): a hint, in memory shared with DataLoader workers, for which
+        inputs to load with the sample (where workers load them). A view of that
+        version's marks, written in place."""
+        return self._marks[int(self._held)]
 
-    def _marks_unkept(self) -> None:
-        """Holds no marks of another version: those held were of other data, or there are none."""
-        self._marks_of: str | None = self.version
-        self._marks_kept: dict[str | None, torch.Tensor] = {}
+    def _marks_anew(self, version: str | None) -> None:
+        """Marks no sample answered under any version, holding those of ``version``. Each
+        version keyed under has a row of its own in ``_marks`` (``_rows``, the version held
+        last), so switching versions, as caches of different versions reading this
+        Deferred do at every batch, copies nothing; ``_held``, the row held, is shared
+        with DataLoader workers as the marks are, persistent ones included."""
+        self._marks = _shared_zeros(_MARKS_KEPT + 1, self._count)
+        self._held = torch.zeros((), dtype=torch.long).share_memory_()  # type: ignore[no-untyped-call]
+        self._rows: dict[str | None, int] = {version: 0}
+
+    @property
+    def _marks_of(self) -> str | None:
+        """The version whose marks :attr:`answered` holds."""
+        return next(reversed(self._rows))
+
+    def _forget_answered(self) -> None:
+        """Marks no sample answered under any version (in place: workers share the flags),
+        so workers load their inputs with them again: the rows answered were of other data.
+        (Where the cache lending its version is given another, :meth:`marks_under` holds
+        that one's.)"""
+        marks = getattr(self, "_marks", None)  # none yet while it is made
+        if marks is not None:
+            for row in self._rows.values():
+                marks[row].fill_(False)  # rows no version holds stay all False
+            self._rows = {self.version: int(self._held)}
 
     def marks_under(self, version: str | None) -> None:
         """Has :attr:`answered` hold the samples answered under ``version``, the one rows
         are keyed under now: those answered under another are not answered under this one
         (the data may have changed in place), so their inputs come with them again. The
-        marks of the version before are kept, found again if rows are keyed under it again
-        (Lightning's callback switches the cache's version at every stage, and back). The
-        marks change in place: DataLoader workers share them."""
+        marks of the versions before are kept, found again if rows are keyed under one of
+        them again (Lightning's callback switches the cache's version at every stage, and
+        back; two caches of different versions reading this Deferred switch at every
+        batch), up to :data:`_MARKS_KEPT` of them. DataLoader workers see the switch."""
         if version == self._marks_of:
             return
-        kept = self._marks_kept
-        kept[self._marks_of] = self.answered.clone()
-        while len(kept) > _MARKS_KEPT:
-            del kept[next(iter(kept))]  # the oldest: a version not keyed under for long
-        back = kept.pop(version, None)
-        if back is None:
-            self.answered.fill_(False)
-        else:
-            self.answered.copy_(back)
-        self._marks_of = version
+        row = self._rows.pop(version, None)
+        if row is None:
+            row = self._free_row()
+        self._rows[version] = row  # the last: held now
+        self._held.fill_(row)
+
+    def _free_row(self) -> int:
+        """A row of ``_marks`` no version holds, all False: the one of the version not keyed
+        under for longest, cleared, where every row is held."""
+        held = set(self._rows.values())
+        free = next((row for row in range(len(self._marks)) if row not in held), None)
+        if free is None:
+            free = self._rows.pop(next(iter(self._rows)))
+            self._marks[free].fill_(False)
+        return free
 
     def mark_answered(self, indices: Any, version: str | None) -> None:
-        """Marks samples ``indices`` answered by rows keyed under ``version``: only where the
-        marks held are that version's (another thread may have keyed rows under another
-        since)."""
-        if version == self._marks_of:
-            self.answered[indices] = True
+        """Marks samples ``indices`` answered by rows keyed under ``version``: in the marks
+        of that version, where they are kept (another thread may have keyed rows under
+        another since)."""
+        row = self._rows.get(version)
+        if row is not None:
+            self._marks[row][indices] = True
 
     def __len__(self) -> int:
         return self._count
@@ -262,18 +286,23 @@ class Deferred(Dataset[Any]):
         if "inputs" in state:  # saved before its inputs could be given anew
             state = {**state, "_inputs": state["inputs"], "generation": 0, "_inputs_from": 0}
             del state["inputs"]
-        if "_marks_of" not in state:  # saved before marks followed a version
-            state = {**state, "_marks_of": state.get("_version"), "_marks_kept": {}}
+        answered = None
+        if "_marks" not in state:  # saved with the marks of one version only
+            state = dict(state)
+            answered = state.pop("answered")
+            marks_of = state.pop("_marks_of", state.get("_version"))
+            state.pop("_marks_kept", None)
         self.__dict__.update(state)
+        if answered is not None:
+            self._marks_anew(marks_of)
+            self.answered.copy_(answered)
         # A copy in a spawned DataLoader worker takes the name its batches travel under.
         if _KNOWN.setdefault(self.name, self) is not self:
             # Loaded where the one saved lives (`torch.load` in the same process), which
             # may hold other inputs by now: a dataset of its own, its batches loading from
             # it, none of its samples answered (it was saved with the other's flags).
             self.name = secrets.token_hex(8)
-            answered = torch.zeros(self._count, dtype=torch.bool)
-            self.answered = answered.share_memory_()  # type: ignore[no-untyped-call]
-            self._marks_unkept()
+            self._marks_anew(self.version)
             _KNOWN[self.name] = self
 
     def __copy__(self) -> Deferred:
@@ -627,6 +656,15 @@ def _whole_samples(value: list[Any] | tuple[Any, ...] | dict[Any, Any], index: i
         f"Deferred a dataset whose item i is the input alone (`{part}`), and the labels "
         "beside it: `Deferred(inputs, labels, version=...)`"
     )
+
+
+def _shared_zeros(rows: int, count: int) -> torch.Tensor:
+    """A bool tensor of ``rows`` by ``count``, all False, in memory shared with DataLoader
+    workers that takes room only where written: a fresh shared memory file reads as zeros
+    (POSIX), and its pages are made as they are touched, so rows kept for versions not keyed
+    under cost nothing. (``torch.zeros(...).share_memory_()`` would write every page.)"""
+    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(rows * count)  # type: ignore[no-untyped-call]
+    return torch.empty(0, dtype=torch.bool).set_(storage, 0, (rows, count), (count, 1))
 
 
 def _named(version: str | None) -> str:

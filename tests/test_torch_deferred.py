@@ -1051,3 +1051,57 @@ def test_samples_answered_under_the_caches_old_version_come_with_their_inputs_ag
         assert len(inputs.loaded) == loaded + 16 and bool(data.answered.all())
         cached.version = "data@1"
         assert bool(data.answered.all())
+
+
+def test_caches_of_two_versions_reading_one_deferred_switch_its_marks_copying_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two caches of different versions reading one Deferred without a version of its own,
+    batch by batch, each find the samples answered under their own version, and switching
+    between them copies no marks: each switch cloned the marks held and copied the others
+    in, a bool per sample of the dataset at every batch of each cache."""
+    x = images(20, 40)
+    data = Deferred(Counted(x))
+    first = cache_rows(encoder(), tmp_path / "a", key="index", version="a@1")
+    second = cache_rows(nn.Sequential(encoder(), nn.Tanh()), tmp_path / "b", key="index")
+    second.version = "b@1"
+    copied: list[str] = []
+
+    def counting(name: str) -> Any:
+        plain = getattr(torch.Tensor, name)
+
+        def counted(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            if tensor.dtype == torch.bool and tensor.shape == (len(data),):
+                copied.append(name)
+            return plain(tensor, *args, **kwargs)
+
+        return counted
+
+    with torch.no_grad():
+        first(next(iter(batches(data, size=40))))  # the marks of both versions exist
+        second(next(iter(batches(data, size=40))))
+        monkeypatch.setattr(torch.Tensor, "clone", counting("clone"))
+        monkeypatch.setattr(torch.Tensor, "copy_", counting("copy_"))
+        for rows in batches(data, size=8):
+            assert len(rows.given_at) == 0  # answered under b@1, held last
+            assert torch.equal(first(rows), first.module(x[rows.index]))
+            assert bool(data.answered.all())  # a@1's marks, held again
+            assert torch.equal(second(rows), second.module(x[rows.index]))
+            assert bool(data.answered.all())
+    assert copied == []
+
+
+def test_a_deferred_saved_with_the_marks_of_one_version_loads_them() -> None:
+    """A Deferred saved (pickle) as it was written when it held the marks of one version
+    at a time, and kept others' as copies, loads holding the marks it held."""
+    data = Deferred(torch.randn(6, 3))
+    saved = {k: v for k, v in vars(data).items() if k not in ("_marks", "_held", "_rows")}
+    saved["answered"] = torch.tensor([True, False, True, False, False, False])
+    saved["_marks_of"], saved["_marks_kept"] = "a@1", {None: torch.zeros(6, dtype=torch.bool)}
+    saved["name"] = "saved elsewhere"
+    loaded = Deferred.__new__(Deferred)
+    loaded.__setstate__(saved)
+    assert loaded.answered.tolist() == saved["answered"].tolist()
+    assert loaded.answered.is_shared() and loaded[1].value is not None and loaded[0].value is None
+    loaded.marks_under("b@1")
+    assert not bool(loaded.answered.any())
