@@ -726,6 +726,32 @@ def test_a_store_opened_by_a_link_repointed_since_gives_the_address_it_writes_to
     assert bytes(worker.recall(kept)[1]) == b"answer"
 
 
+def test_a_store_pickled_after_its_address_was_asked_is_addressed_by_either_release(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store pickled once its address was asked (a model holding it saved, a job sent to
+    a worker) carries no root resolved here: the release before this one (f43888e), loading
+    it, gave what it carried as the root itself, a pair it then refused to open. Loaded
+    here, a store that release pickled (its root resolved as a path) is resolved again, to
+    where a link repointed since leads."""
+    monkeypatch.chdir(tmp_path)
+    LocalStore("first"), LocalStore("second")
+    os.symlink("first", "current")
+    store = LocalStore("current")
+    store.address()
+    carried = store.__reduce_ex__(pickle.HIGHEST_PROTOCOL)[2]
+    resolved = carried["_resolved"]  # f43888e's address() gives it as the root, if not None
+    root = str(store.root.resolve()) if resolved is None else resolved
+    assert Store.from_address({**store.address(), "root": root}).address() == store.address()
+
+    before = {**carried, "_resolved": str((tmp_path / "first").resolve())}
+    os.unlink("current")
+    os.symlink("second", "current")
+    loaded = LocalStore.__new__(LocalStore)
+    loaded.__setstate__(before)
+    assert loaded.address()["root"] == str((tmp_path / "second").resolve())
+
+
 def test_a_relative_store_path_from_a_removed_current_directory_is_refused_saying_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -442,6 +442,16 @@ class LocalStore(LocalShelf):
         self._packs_look = _PacksLook()
         super()._hold_nothing()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The root as resolved is this process's view of the directory: a copy (on another
+        # machine, or after a link was repointed) resolves it again. It travels as None, not
+        # left out: the release before this one reads it as the resolved path itself.
+        return {**super().__getstate__(), "_resolved": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._resolved = None  # one a release before carries is the path alone, no pair
+
     def __repr__(self) -> str:
         read_only = ", read_only=True" if self.read_only else ""
         return f"Store({str(self.root)!r}{read_only})"
