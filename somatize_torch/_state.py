@@ -537,7 +537,10 @@ class StateWatch:
     def __getstate__(self) -> dict[str, Any]:
         # A copy watches the copy's tensors, whose memory is other: it says changed, so
         # that the copy is digested again and watched afresh.
-        state = {name: getattr(self, name) for name in self.__slots__ if name != "_memory"}
+        # Nor where its ends are, which are worked out again from what it places: the release
+        # before this one sets each name it is handed, and has no such slot.
+        left_out = ("_memory", "_ends")
+        state = {name: getattr(self, name) for name in self.__slots__ if name not in left_out}
         state["_doubted"] = True
         state["_sharded"] = ()  # FSDP's records are the process's
         state["_originals"] = Originals()
@@ -549,6 +552,7 @@ class StateWatch:
         for name, value in state.items():
             setattr(self, name, value)
         self._memory = _Memory([])
+        self._ends = _converted_ends(self._placed)  # a pickle of the release before has none
 
 
 class _Held:

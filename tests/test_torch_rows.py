@@ -2003,6 +2003,33 @@ def test_a_model_holding_a_cache_copies_and_saves(store: Store, tmp_path: Path) 
         cached.close()
 
 
+_WATCH_SLOTS_BEFORE = frozenset(
+    {
+        *("_doubted", "_gradients", "_held", "_memory", "_named", "_originals"),
+        *("_param_versions", "_params", "_placed", "_read", "_requires", "_sharded"),
+        *("_sizes", "_tables", "_tensors", "_trainable", "_versions", "_where"),
+    }
+)
+"""The slots of a state watch in the release before this one (f43888e), whose loading
+sets each name a pickle hands it: one it has no slot for is an AttributeError."""
+
+
+def test_a_state_watch_pickled_is_loaded_by_either_release() -> None:
+    """A wrapped model saved (``torch.save``) pickles the watch of each frozen module's
+    state. The release before this one, loading it, failed on the name of a slot it lacks
+    (``AttributeError: '_ends'``): none is handed. A watch that release pickled, loaded
+    here, works out its first and last floating tensors again, and so sees its module
+    converted itself and back (``encoder.half().float()``)."""
+    module = nn.Sequential(nn.Linear(8, 4), nn.ReLU(), nn.Linear(4, 2))
+    handed = _state.StateWatch(module).__getstate__()
+    assert set(handed) <= _WATCH_SLOTS_BEFORE
+    loaded = _state.StateWatch.__new__(_state.StateWatch)
+    loaded.__setstate__({**handed, "_doubted": False})
+    assert not loaded.ends_moved()
+    module.half().float()
+    assert loaded.ends_moved()
+
+
 def test_a_model_whose_cache_recalled_rows_from_the_store_saves_and_copies(
     store: Store, tmp_path: Path
 ) -> None:
