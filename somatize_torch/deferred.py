@@ -282,18 +282,22 @@ class Deferred(Dataset[Any]):
         ]
         return list(zip(rows, *columns, strict=True))
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The marks held go as `answered` too, a view of them that copies nothing: the
+        # release before this one reads them so, and nothing of its own in their place.
+        return {**self.__dict__, "answered": self.answered}
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "inputs" in state:  # saved before its inputs could be given anew
             state = {**state, "_inputs": state["inputs"], "generation": 0, "_inputs_from": 0}
             del state["inputs"]
-        answered = None
-        if "_marks" not in state:  # saved with the marks of one version only
-            state = dict(state)
-            answered = state.pop("answered")
-            marks_of = state.pop("_marks_of", state.get("_version"))
-            state.pop("_marks_kept", None)
+        state = dict(state)
+        answered = state.pop("answered", None)  # beside `_marks`, a view of the row held
+        one_version = "_marks" not in state  # saved with the marks of one version only
+        marks_of = state.pop("_marks_of", state.get("_version"))
+        state.pop("_marks_kept", None)
         self.__dict__.update(state)
-        if answered is not None:
+        if one_version:
             self._marks_anew(marks_of)
             self.answered.copy_(answered)
         # A copy in a spawned DataLoader worker takes the name its batches travel under.

@@ -1105,3 +1105,19 @@ def test_a_deferred_saved_with_the_marks_of_one_version_loads_them() -> None:
     assert loaded.answered.is_shared() and loaded[1].value is not None and loaded[0].value is None
     loaded.marks_under("b@1")
     assert not bool(loaded.answered.any())
+
+
+def test_a_deferred_pickled_carries_the_marks_held_as_the_release_before_reads_them() -> None:
+    """A Deferred pickled carries the marks of the version held as `answered` too: the
+    release before this one (f43888e) reads its marks from that alone, and failed, loading
+    one pickled here, with `AttributeError: ... no attribute 'answered'` at its first
+    sample. Loaded here, it holds the marks it was saved with."""
+    data = Deferred(torch.randn(6, 3), version="a@1")
+    data.answered[[0, 2]] = True  # in place: the marks held
+    handed = data.__reduce_ex__(pickle.HIGHEST_PROTOCOL)[2]
+    assert handed["answered"].tolist() == [True, False, True, False, False, False]
+    saved = pickle.dumps(data)
+    del data, handed  # loaded as in another process, where the one saved is not
+    loaded = pickle.loads(saved)
+    assert loaded.answered.tolist() == [True, False, True, False, False, False]
+    assert "answered" not in vars(loaded)  # read from the marks, as they change
