@@ -23,7 +23,7 @@ Transformer's tokens: 64 x 256 floats), in batches of 64, this times on one thre
 Each is the median of ``--repeats`` runs, each into a store of its own. Prints the
 times and their ratios to the bound; target: the writer's way within 2x of it.
 
-    python bench/row_writes.py [--rows 4096] [--repeats 5]
+    python bench/row_writes.py [--rows 4096] [--repeats 5]    (--rows a multiple of 1024)
 """
 
 from __future__ import annotations
@@ -111,9 +111,14 @@ def compare(root: str, shape: tuple[int, ...], count: int, repeats: int) -> None
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rows", type=int, default=4096)
+    parser.add_argument("--rows", type=int, default=4096, help="a multiple of 1024")
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
+    # The 64 KiB rows are a sixteenth as many, and both come in whole batches of 64.
+    if args.rows <= 0 or args.rows % (16 * BATCH):
+        parser.error(f"--rows must be a positive multiple of {16 * BATCH}, got {args.rows}")
+    if args.repeats <= 0:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     torch.set_num_threads(1)
     print("target: the joined write within 2x of the bound")
     with tempfile.TemporaryDirectory(prefix="somatize-bench-") as root:
