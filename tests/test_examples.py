@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -68,3 +71,29 @@ def test_lightning_example_again_over_its_store(tmp_path: Path) -> None:
     assert epochs[1][2] == "100%" and epochs[1][3] == "0"
     assert "computed every feature" not in again
     assert "than epoch 1, which recalled every feature" in again
+
+
+def test_lightning_example_quiet_keeps_somatize_warnings() -> None:
+    """The example's ``quiet()`` silences Lightning's own advice, not a somatize warning
+    raised from a callback hook (attributed to Lightning's frame that called the hook)."""
+    pytest.importorskip("lightning")
+    from somatize_torch._lightning_errors import NeverHits
+
+    spec = importlib.util.spec_from_file_location(
+        "quiet_example", ROOT / "examples/lightning/train.py"
+    )
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    hook_caller = "lightning.pytorch.trainer.call"
+    logger = logging.getLogger("lightning.pytorch")
+    level = logger.level
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            example.quiet()
+            warnings.warn_explicit("advice", UserWarning, "call.py", 1, module=hook_caller)
+            warnings.warn_explicit("never hits", NeverHits, "call.py", 2, module=hook_caller)
+    finally:
+        logger.setLevel(level)
+    assert [str(w.message) for w in caught] == ["never hits"]

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from somatize import SomatizeWarning
 from somatize.torch import Deferred
 from somatize.torch.lightning import CacheFrozen
 
@@ -128,9 +129,13 @@ def loaders(
 
 
 def quiet() -> None:
-    """Lightning's start-up notes and its advice about DataLoader workers, silenced."""
+    """Lightning's start-up notes and its advice about DataLoader workers, silenced;
+    somatize's own warnings still show."""
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", module="lightning")
+    # A callback's warning is told as raised where Lightning called the hook, so the
+    # filter above would swallow somatize's own (NeverHits, Uncached, ...) with its advice.
+    warnings.filterwarnings("default", category=SomatizeWarning)
 
 
 def trainer(epochs: int, callbacks: list[pl.Callback]) -> pl.Trainer:
