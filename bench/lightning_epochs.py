@@ -27,8 +27,10 @@ machine, printed beside the target.
 Every run is repeated ``--rounds`` times (5), interleaved round by round, after one
 discarded warm-up fit (the first fit in a process pays for start-up no later one does),
 and medians are printed: on a noisy machine the bound's own epoch moves by a fifth
-between runs. Printed: each run's epoch 1 and epoch 2+ time (validation included), and
-the ratios to the bound (target: epoch 2+ within 1.3x) and plain/cached.
+between runs. Printed: each run's epoch 1 and epoch 2+ time (validation included); the
+epoch 2+ ratios of content, index and deferred to the bound (target: within 1.3x), with
+the floors beside them (bound + hashing, and loading); content and index against
+loading; plain against content and deferred; and content's epoch 1 against plain's.
 Run: ``python bench/lightning_epochs.py [--epochs 4] [--samples 2048] [--rounds 5]``.
 """
 

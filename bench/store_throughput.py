@@ -9,7 +9,8 @@
 - ``have()`` on 10,000 keys of which 2,550 are kept (2,500 by one ``keep_many``, 50
   one by one): µs per key, local and on a bucket on loopback (S3 through moto's
   server), from a fresh store object and again.
-- recall of 100,000 packed item answers: items per second.
+- ``keep_many`` of 100,000 small item answers, then their recall from a fresh store
+  object: items per second for each.
 
 Prints figures and ratios; timings on a shared machine are noisy.
 """

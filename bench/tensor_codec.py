@@ -2,8 +2,9 @@
 
 1. Write and recall of a 19 MB tensor answer (32x3x224x224 float32) through the
    `tensor` codec, against writing and reading the tensor's raw bytes to and
-   from a plain file. Recall is followed by the same consumer on both sides (a
-   sum over the tensor), so the memory-mapped side pays for touching its pages.
+   from a plain file, and the whole ``store.keep`` (codec, digest, publish). Recall
+   is followed by the same consumer on both sides (a sum over the tensor), so the
+   memory-mapped side pays for touching its pages.
    Also shown: `safetensors.torch.save` to bytes, the detour the codec avoids.
 2. `somatize.torch.freeze` of a 100 MB model against one BLAKE3 pass over the same
    bytes laid end to end, on one thread and on all cores; the faster of the two is the
