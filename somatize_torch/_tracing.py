@@ -507,11 +507,12 @@ class Tracing:
         """The code run when the arguments ``none`` are None and the others are ``given``
         (those the forward branches on fixed at their values there), traced in both modes;
         the first trace raises Untraceable where the mode the model is in cannot be traced,
-        any other keeps it as that mode's runner. What a trace went through and read is
-        taken in once both modes are cut, not from a trace refused. A trace fx cannot take
-        because the forward branches on (or iterates over) an argument a call gives a
-        plain value is taken again with it fixed at that value, and so is every later
-        one."""
+        any other keeps it as that mode's runner where the other mode was traced (one
+        refused in both is kept by neither: the next call traces again). What a trace went
+        through and read is taken in once both modes are cut, not from a trace refused. A
+        trace fx cannot take because the forward branches on (or iterates over) an argument
+        a call gives a plain value is taken again with it fixed at that value, and so is
+        every later one."""
         for _ in range(len(self.named) + 1):
             try:
                 return self._trace(none, given)
@@ -601,7 +602,11 @@ class Tracing:
         self.reads += reads
         self.switching = self.switching or switching
         self.entering = self.entering or entering
-        self.runners[key] = runners
+        if noted:
+            self.runners[key] = runners
+        # Else fx refused both modes: the refusal is not kept, since what it hangs on (a
+        # config's flag) may be read by no trace kept, and so watched by none; the next
+        # call traces again, for the values it finds then.
         return runners
 
     def _to_fix(

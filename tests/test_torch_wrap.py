@@ -9795,6 +9795,40 @@ def test_a_config_change_fx_cannot_trace_is_refused_until_set_back(store: Store)
         assert not torch.equal(model(x), first)
 
 
+class IteratesByConfigWhenNone(nn.Module):
+    """Reads its config only where a call leaves `mask` None: the first trace, `mask`
+    given, reads none of it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = _Config()
+        self.encoder = _Encoder()
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> Any:
+        h = self.encoder(x)
+        if mask is None:
+            if self.config.flag:
+                return tuple(h)
+            return h * self.config.scale
+        return h * mask
+
+
+def test_a_call_fx_cannot_trace_for_a_config_runs_once_the_config_is_set_back(
+    store: Store,
+) -> None:
+    """A call fx cannot trace for what the config holds, where the traces taken before
+    read none of it, is refused; set back, the same call is traced and runs."""
+    wrapped, model = _encoder_cached(IteratesByConfigWhenNone, store)
+    x, mask = torch.randn(3, 4), torch.ones(4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x, mask), model(x, mask))
+        model.config.flag = True
+        with pytest.raises(smt.Untraceable, match=r"return tuple\(h\)"):
+            wrapped(x)
+        model.config.flag = False
+        assert torch.equal(wrapped(x), model(x))
+
+
 class _VitConfig:
     """A Hugging Face config: the defaults the forward's optional arguments resolve to."""
 
