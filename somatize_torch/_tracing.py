@@ -958,6 +958,26 @@ class Tracing:
                 self.watch()
             return found
 
+    def traced_elsewhere(self, key: Key, training: bool) -> Runners | None:
+        """The code another set of traces holds for ``key`` in mode ``training``, which fx
+        refused in the traces run now, where every value those others read is as the
+        model holds it now: a refusal may hang on a config value the traces of the other
+        mode do not read (``self.training and config.flag``), and so watch, and a config
+        set back has the traces taken for it run again. None where no other set does;
+        the traces run now are then run still."""
+        with self.gate.tracing():
+            was = self.world
+            found = self._enter_one_held(
+                world
+                for world in self._worlds_here()
+                if world is not was
+                and isinstance(world.runners.get(key, {}).get(training), nn.Module)
+            )
+            if found is None:
+                self._enter(was)
+                return None
+            return found.runners[key]
+
     def rekey(self, changed: Reread) -> None:
         """Has the wrapped model run the traces taken for what the plain objects its
         modules hold (a config) hold now, where ``changed`` says a value the current ones
@@ -978,17 +998,8 @@ class Tracing:
     def _rekey(self, changed: Reread | str) -> None:
         was = self.world
         made = torch.get_default_dtype()
-        # Where the code holds what the default dtype made, traces taken under another
-        # are not run.
-        worlds = [one for one in self.worlds if not self.dtyped or one.dtype is made]
-        for world in worlds:
-            if world is was or world.read is None or not world.holds(self.model):
-                continue
-            self._enter(world)
-            try:
-                self.wrapped._values.check()
-            except Reread:
-                continue
+        worlds = self._worlds_here()
+        if self._enter_one_held(world for world in worlds if world is not was) is not None:
             return
         limit: int = self.wrapped.TRACES_PER_VALUE
         if len([world for world in worlds if world.read is not None]) >= limit:
@@ -1014,6 +1025,27 @@ class Tracing:
         # values it holds now are traced afresh.
         world.runners.clear()
         self._enter(world)
+
+    def _worlds_here(self) -> list[_World]:
+        """The sets of traces that may run under the default dtype now: where the code holds
+        what the default dtype made, traces taken under another are not run."""
+        made = torch.get_default_dtype()
+        return [one for one in self.worlds if not self.dtyped or one.dtype is made]
+
+    def _enter_one_held(self, worlds: Iterable[_World]) -> _World | None:
+        """The first of ``worlds`` traced for the values the model holds now (each value its
+        traces read as it is, each part they hold under two names held so), entered; None
+        where none is, the last looked at entered then."""
+        for world in worlds:
+            if world.read is None or not world.holds(self.model):
+                continue
+            self._enter(world)
+            try:
+                self.wrapped._values.check()
+            except Reread:
+                continue
+            return world
+        return None
 
     def _enter(self, world: _World) -> None:
         """Makes ``world``'s traces the ones the wrapped model runs, and watches what they

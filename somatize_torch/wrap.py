@@ -556,36 +556,13 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
     training = self._mode()
     runner = runners[training]
     if not isinstance(runner, nn.Module):
-        mode, other = ("train", "eval") if training else ("eval", "train")
-        if not isinstance(runners[not training], nn.Module):
-            raise runner
-        branched = [name for name, *_, other in self._fixed if not other and name not in none]
-        if branched:
-            raise WrapError(
-                f"fx could trace `{type(self.model).__qualname__}.forward` for the values "
-                f"this call gives {', '.join(f'`{name}`' for name in branched)} "
-                f"in {other} mode only, and this call is in {mode} mode: what it traced may "
-                f"not be what the forward does in {mode} mode (code that reads "
-                "`self.training`), so it is not run in its place. Make such calls in "
-                f"{other} mode, or make the forward traceable in {mode} mode as well. {runner}"
-            )
-        if none:
-            raise WrapError(
-                f"fx could trace `{type(self.model).__qualname__}.forward` with "
-                f"{', '.join(f'`{name}`' for name in sorted(none))} None in {other} mode only, "
-                f"and this call, in {mode} mode, leaves the same None: what it traced may "
-                f"not be what the forward does in {mode} mode "
-                "(code that reads `self.training`), so it is not run in its place. Make such "
-                f"calls in {other} mode, give what they leave None, or make the forward "
-                f"traceable in {mode} mode as well. {runner}"
-            )
-        raise WrapError(
-            f"this model was wrapped in {other} mode and is run in {mode} mode, and fx could "
-            f"trace its forward in {other} mode only: what it traced may not be what the "
-            f"forward does in {mode} mode (code that reads `self.training`), so it is not run "
-            f"in its place. Run it in {other} mode, or make it traceable in {mode} mode as "
-            f"well. {runner}"
-        )
+        # Refused for what the config held when it was traced, which these traces may not
+        # watch: those taken for what it holds now run, where there are any.
+        elsewhere = None if tracing is None else tracing.traced_elsewhere((none, values), training)
+        if elsewhere is None:
+            _refuse_mode(self, runner, runners, training, none)
+        runner = elsewhere[training]
+        assert isinstance(runner, nn.Module)  # as traced_elsewhere finds it
     if none or any(value is not INPUT for value in values):  # a list handed too
         # Traced with those arguments fixed at None or at values: each in its place.
         assert self._tracing is not None and self._tracing.signature is not None
@@ -601,6 +578,43 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
         # call compiled anew when that changes.
         return runner.forward(*args, **kwargs)
     return runner(*args, **kwargs)
+
+
+def _refuse_mode(
+    self: Wrapped, runner: Untraceable, runners: Runners, training: bool, none: frozenset[str]
+) -> NoReturn:
+    """Refuses a call in the mode ``training``, which fx could not trace (``runner`` says
+    why; ``runners`` are those of both modes), with the arguments ``none`` None."""
+    mode, other = ("train", "eval") if training else ("eval", "train")
+    if not isinstance(runners[not training], nn.Module):
+        raise runner
+    branched = [name for name, *_, other in self._fixed if not other and name not in none]
+    if branched:
+        raise WrapError(
+            f"fx could trace `{type(self.model).__qualname__}.forward` for the values "
+            f"this call gives {', '.join(f'`{name}`' for name in branched)} "
+            f"in {other} mode only, and this call is in {mode} mode: what it traced may "
+            f"not be what the forward does in {mode} mode (code that reads "
+            "`self.training`), so it is not run in its place. Make such calls in "
+            f"{other} mode, or make the forward traceable in {mode} mode as well. {runner}"
+        )
+    if none:
+        raise WrapError(
+            f"fx could trace `{type(self.model).__qualname__}.forward` with "
+            f"{', '.join(f'`{name}`' for name in sorted(none))} None in {other} mode only, "
+            f"and this call, in {mode} mode, leaves the same None: what it traced may "
+            f"not be what the forward does in {mode} mode "
+            "(code that reads `self.training`), so it is not run in its place. Make such "
+            f"calls in {other} mode, give what they leave None, or make the forward "
+            f"traceable in {mode} mode as well. {runner}"
+        )
+    raise WrapError(
+        f"this model was wrapped in {other} mode and is run in {mode} mode, and fx could "
+        f"trace its forward in {other} mode only: what it traced may not be what the "
+        f"forward does in {mode} mode (code that reads `self.training`), so it is not run "
+        f"in its place. Run it in {other} mode, or make it traceable in {mode} mode as "
+        f"well. {runner}"
+    )
 
 
 def _refuse_modes(modes: dict[str, bool]) -> NoReturn:

@@ -9795,14 +9795,9 @@ def test_a_config_change_fx_cannot_trace_is_refused_until_set_back(store: Store)
         assert not torch.equal(model(x), first)
 
 
-class IteratesByConfigWhenNone(nn.Module):
+class IteratesByConfigWhenNone(IteratesByConfig):
     """Reads its config only where a call leaves `mask` None: the first trace, `mask`
     given, reads none of it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.config = _Config()
-        self.encoder = _Encoder()
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> Any:
         h = self.encoder(x)
@@ -9824,6 +9819,36 @@ def test_a_call_fx_cannot_trace_for_a_config_runs_once_the_config_is_set_back(
         assert torch.equal(wrapped(x, mask), model(x, mask))
         model.config.flag = True
         with pytest.raises(smt.Untraceable, match=r"return tuple\(h\)"):
+            wrapped(x)
+        model.config.flag = False
+        assert torch.equal(wrapped(x), model(x))
+
+
+class IteratesByConfigInTrain(IteratesByConfig):
+    """Reads its config's flag in train mode only: fx traces eval mode reading none of it."""
+
+    def forward(self, x: torch.Tensor) -> Any:
+        h = self.encoder(x)
+        if self.training and self.config.flag:
+            return tuple(h)
+        return h * self.config.scale
+
+
+def test_a_mode_fx_cannot_trace_for_a_config_runs_once_the_config_is_set_back(
+    store: Store,
+) -> None:
+    """A config changed so that fx traces the forward in eval mode only (which reads none
+    of it) refuses a call in train mode; set back, train mode runs the code traced first."""
+    torch.manual_seed(0)
+    model = IteratesByConfigInTrain().eval()
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), model(x))
+        model.config.flag = True
+        assert torch.equal(wrapped(x), model(x))
+        wrapped.train()
+        with pytest.raises(smt.WrapError, match=r"return tuple\(h\)"):
             wrapped(x)
         model.config.flag = False
         assert torch.equal(wrapped(x), model(x))
