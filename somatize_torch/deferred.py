@@ -63,9 +63,12 @@ from __future__ import annotations
 import copy
 import numbers
 import operator
+import os
 import secrets
 import weakref
 from collections.abc import Sequence
+from multiprocessing.context import get_spawning_popen
+from multiprocessing.reduction import DupFd
 from typing import Any, NoReturn
 
 import torch
@@ -186,7 +189,7 @@ class Deferred(Dataset[Any]):
         last), so switching versions, as caches of different versions reading this
         Deferred do at every batch, copies nothing; ``_held``, the row held, is shared
         with DataLoader workers as the marks are, persistent ones included."""
-        self._marks = _shared_zeros(_MARKS_KEPT + 1, self._count)
+        self._marks, self._marks_fd = _shared_zeros(_MARKS_KEPT + 1, self._count)
         self._held = torch.zeros((), dtype=torch.long).share_memory_()  # type: ignore[no-untyped-call]
         self._rows: dict[str | None, int] = {version: 0}
 
@@ -283,9 +286,22 @@ class Deferred(Dataset[Any]):
         return list(zip(rows, *columns, strict=True))
 
     def __getstate__(self) -> dict[str, Any]:
-        # The marks held go as `answered` too, a view of them that copies nothing: the
-        # release before this one reads them so, and nothing of its own in their place.
-        return {**self.__dict__, "answered": self.answered}
+        state = dict(self.__dict__)
+        fd = state.pop("_marks_fd")
+        if get_spawning_popen() is not None:  # to a DataLoader worker it starts: shared
+            if fd is not None:  # the file itself, mapped again there
+                state["_marks"] = (DupFd(fd), *self._marks.shape)
+            return state
+        # Saved (torch.save, pickle): the marks of the versions held alone, not the rows
+        # kept for versions to come (read whole, each page of them would be made), as the
+        # release before this one wrote them and reads them.
+        del state["_marks"], state["_held"], state["_rows"]
+        held = self._marks_of
+        state["answered"] = self.answered.clone()
+        state["_marks_of"] = held
+        kept = {v: self._marks[row].clone() for v, row in self._rows.items() if v != held}
+        state["_marks_kept"] = kept
+        return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "inputs" in state:  # saved before its inputs could be given anew
@@ -293,13 +309,24 @@ class Deferred(Dataset[Any]):
             del state["inputs"]
         state = dict(state)
         answered = state.pop("answered", None)  # beside `_marks`, a view of the row held
-        one_version = "_marks" not in state  # saved with the marks of one version only
+        saved = "_marks" not in state  # saved with the marks of the versions held alone
         marks_of = state.pop("_marks_of", state.get("_version"))
-        state.pop("_marks_kept", None)
+        kept = state.pop("_marks_kept", {})
+        marks = state.pop("_marks", None)
         self.__dict__.update(state)
-        if one_version:
+        self._marks_fd = None
+        if isinstance(marks, tuple):  # the file of the marks, in a DataLoader worker
+            dup, rows, count = marks
+            self._marks, self._marks_fd = _mapped(dup.detach(), rows, count)
+        elif marks is not None:  # shared by torch's own sharing
+            self._marks = marks
+        if saved:
             self._marks_anew(marks_of)
-            self.answered.copy_(answered)
+            marked = [*list(kept.items())[-_MARKS_KEPT:], (marks_of, answered)]
+            self._rows = {version: row for row, (version, _) in enumerate(marked)}
+            for row, (_, flags) in enumerate(marked):
+                self._marks[row].copy_(flags)
+            self._held.fill_(len(marked) - 1)
         # A copy in a spawned DataLoader worker takes the name its batches travel under.
         if _KNOWN.setdefault(self.name, self) is not self:
             # Loaded where the one saved lives (`torch.load` in the same process), which
@@ -662,12 +689,33 @@ def _whole_samples(value: list[Any] | tuple[Any, ...] | dict[Any, Any], index: i
     )
 
 
-def _shared_zeros(rows: int, count: int) -> torch.Tensor:
+def _shared_zeros(rows: int, count: int) -> tuple[torch.Tensor, int | None]:
     """A bool tensor of ``rows`` by ``count``, all False, in memory shared with DataLoader
-    workers that takes room only where written: a fresh shared memory file reads as zeros
-    (POSIX), and its pages are made as they are touched, so rows kept for versions not keyed
-    under cost nothing. (``torch.zeros(...).share_memory_()`` would write every page.)"""
-    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(rows * count)  # type: ignore[no-untyped-call]
+    workers, and the file descriptor of that memory (None: torch's own sharing hands it to
+    workers). On Linux it takes room only where written: a fresh memory file reads as
+    zeros and its pages are made as they are touched, so rows kept for versions not keyed
+    under cost nothing. (Torch's shared memory reserves every page as it is made.)"""
+    make = getattr(os, "memfd_create", None)
+    if make is None or rows * count == 0:
+        storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(rows * count)  # type: ignore[no-untyped-call]
+        return _viewed(storage, rows, count), None
+    fd = make("somatize-marks", os.MFD_CLOEXEC)
+    os.ftruncate(fd, rows * count)
+    return _mapped(fd, rows, count)
+
+
+def _mapped(fd: int, rows: int, count: int) -> tuple[torch.Tensor, int]:
+    """The memory file ``fd`` as a bool tensor of ``rows`` by ``count``, and ``fd``, closed
+    once the tensor is gone (its views keep the memory mapped)."""
+    nbytes = rows * count
+    storage = torch.UntypedStorage.from_file(f"/proc/self/fd/{fd}", shared=True, nbytes=nbytes)
+    assert isinstance(storage, torch.UntypedStorage)  # what from_file makes of the class
+    marks = _viewed(storage, rows, count)
+    weakref.finalize(marks, os.close, fd)
+    return marks, fd
+
+
+def _viewed(storage: torch.UntypedStorage, rows: int, count: int) -> torch.Tensor:
     return torch.empty(0, dtype=torch.bool).set_(storage, 0, (rows, count), (count, 1))
 
 

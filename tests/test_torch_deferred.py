@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import gc
+import io
+import os
 import pickle
 from pathlib import Path
 from typing import Any
@@ -1121,3 +1123,64 @@ def test_a_deferred_pickled_carries_the_marks_held_as_the_release_before_reads_t
     loaded = pickle.loads(saved)
     assert loaded.answered.tolist() == [True, False, True, False, False, False]
     assert "answered" not in vars(loaded)  # read from the marks, as they change
+
+
+def _bytes_taken(data: Deferred) -> int:
+    """The bytes of memory the shared file under ``data``'s marks takes (its pages made)."""
+    fd = getattr(data, "_marks_fd", None)
+    if fd is None:
+        fd, _ = data._marks.untyped_storage()._share_fd_cpu_()
+    return int(os.fstat(fd).st_blocks) * 512
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "memfd_create"), reason="marks take memory once written on Linux"
+)
+def test_the_marks_of_versions_not_used_take_no_memory() -> None:
+    """A Deferred of a million samples takes no memory for the rows kept for versions it
+    has not used: they reserved a bool per sample each, 9 times the dataset's count of
+    shared memory (90 MB for 10 M samples, more than a container's /dev/shm holds)."""
+    data = Deferred(torch.zeros(1_000_000, 1, dtype=torch.uint8))
+    assert _bytes_taken(data) < 100_000
+    data.answered[:1000] = True
+    data.marks_under("b@1")
+    assert _bytes_taken(data) < 100_000
+
+
+def test_a_deferred_saved_carries_the_marks_of_the_versions_used_alone() -> None:
+    """A Deferred saved (torch.save, pickle) carries the marks of the versions it holds,
+    not the 9 rows kept for versions to come, read (and made in memory) to be written,
+    twice over in a pickle; loaded, it holds each version's marks."""
+    data = Deferred(torch.zeros(100_000, 1, dtype=torch.uint8), version="a@1")
+    data.answered[:10] = True
+    data.marks_under("b@1")
+    data.answered[5:20] = True
+    saved = io.BytesIO()
+    torch.save(data, saved)
+    assert len(pickle.dumps(data)) < 4 * 100_000 and len(saved.getvalue()) < 4 * 100_000
+    saved.seek(0)
+    del data
+    loaded = torch.load(saved, weights_only=False)
+    assert loaded.answered.nonzero().flatten().tolist() == list(range(5, 20))
+    loaded.marks_under("a@1")
+    assert loaded.answered.nonzero().flatten().tolist() == list(range(10))
+    loaded.answered[40] = True
+    assert int(loaded._marks.sum()) == 26
+
+
+@pytest.mark.parametrize("start", ["fork", "spawn", "forkserver"])
+def test_persistent_workers_of_every_start_method_see_marks_and_switches(start: str) -> None:
+    """Persistent DataLoader workers, forked, spawned or started by a fork server, read
+    the marks a cache writes after they started, of the version held as it switches."""
+    data = Deferred(torch.arange(8.0).unsqueeze(1), version="a@1")
+    loader = DataLoader(
+        data, batch_size=8, num_workers=1, persistent_workers=True, multiprocessing_context=start
+    )
+    assert len(next(iter(loader)).given_at) == 8  # the workers started
+    data.mark_answered(torch.tensor([1, 3]), "a@1")
+    assert next(iter(loader)).given_at == [0, 2, 4, 5, 6, 7]
+    data.marks_under("b@1")
+    data.mark_answered(torch.tensor([0]), "b@1")
+    assert next(iter(loader)).given_at == [1, 2, 3, 4, 5, 6, 7]
+    data.marks_under("a@1")
+    assert next(iter(loader)).given_at == [0, 2, 4, 5, 6, 7]
