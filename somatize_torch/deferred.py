@@ -696,12 +696,15 @@ def _shared_zeros(rows: int, count: int) -> tuple[torch.Tensor, int | None]:
     zeros and its pages are made as they are touched, so rows kept for versions not keyed
     under cost nothing. (Torch's shared memory reserves every page as it is made.)"""
     make = getattr(os, "memfd_create", None)
-    if make is None or rows * count == 0:
-        storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(rows * count)  # type: ignore[no-untyped-call]
-        return _viewed(storage, rows, count), None
-    fd = make("somatize-marks", os.MFD_CLOEXEC)
-    os.ftruncate(fd, rows * count)
-    return _mapped(fd, rows, count)
+    if make is not None and rows * count > 0:
+        fd = make("somatize-marks", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, rows * count)
+            return _mapped(fd, rows, count)
+        except (OSError, RuntimeError):  # no /proc to map it through (a bare sandbox)
+            os.close(fd)
+    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(rows * count)  # type: ignore[no-untyped-call]
+    return _viewed(storage, rows, count), None
 
 
 def _mapped(fd: int, rows: int, count: int) -> tuple[torch.Tensor, int]:

@@ -1184,3 +1184,21 @@ def test_persistent_workers_of_every_start_method_see_marks_and_switches(start: 
     assert next(iter(loader)).given_at == [1, 2, 3, 4, 5, 6, 7]
     data.marks_under("a@1")
     assert next(iter(loader)).given_at == [0, 2, 4, 5, 6, 7]
+
+
+def test_marks_fall_back_to_torchs_shared_memory_where_a_memory_file_cannot_be_mapped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where the memory file of a Deferred's marks cannot be mapped (no /proc), they are
+    made in torch's shared memory, and workers still share them."""
+
+    def unmapped(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("unable to open /proc/self/fd")
+
+    monkeypatch.setattr(torch.UntypedStorage, "from_file", unmapped)
+    data = Deferred(torch.zeros(10, 1))
+    assert data._marks_fd is None and data.answered.is_shared()
+    data.answered[3] = True
+    saved = pickle.dumps(data)
+    del data  # loaded as in another process, where the one saved is not
+    assert pickle.loads(saved).answered.nonzero().flatten().tolist() == [3]
