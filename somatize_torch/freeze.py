@@ -199,6 +199,18 @@ def _in_eval(module: nn.Module) -> None:
         nn.Module.train(module, False)
     finally:
         _holding.on = was
+    _wrappers_follow(module)
+
+
+def _wrappers_follow(module: nn.Module) -> None:
+    """Sets the mode torch 2.4's ``torch.compile`` wrapper keeps of its own to that of the
+    module it runs. That torch's wrapper hands a mode set on it to that module and keeps
+    its own flag as made, in train, though it runs the module in eval; later torch reads
+    the module's flag for it, keeping none of its own."""
+    for part in module.modules():
+        runs = part._modules.get("_orig_mod") if _compile_wrapper(part) else None
+        if runs is not None and "training" in vars(part):
+            vars(part)["training"] = runs.training
 
 
 class _Asked:

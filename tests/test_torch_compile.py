@@ -892,3 +892,33 @@ def test_a_compiled_model_called_while_another_thread_exports_answers_after_it(
         calls = 2 if answered else 1  # a call refused keeps nothing
         assert list(cached.counts.values()) == [{"ran": calls, "kept": calls, "recalled": calls}]
     torch._dynamo.reset()
+
+
+class _CompiledEncoder(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = torch.compile(
+            nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5)), backend="eager"
+        )
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.encoder(x))
+        return out
+
+
+def test_a_frozen_part_compiled_by_torch_compile_runs_in_eval_without_a_warning(
+    tmp_path: Path,
+) -> None:
+    """A frozen part that `torch.compile` made is held in eval, its wrapper as well: torch
+    2.4's wrapper keeps a mode of its own, made in train and not changed by `.eval()`, so
+    each call warned the part was in train mode (StillChanging, an error here)."""
+    torch._dynamo.reset()
+    model = _CompiledEncoder()
+    wrapped = smt.wrap(model, frozen=["encoder"], cached=["encoder"], store=Store(tmp_path / "s"))
+    smt.freeze(wrapped)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(wrapped(x), wrapped(x))
+    assert not any(part.training for part in model.encoder.modules())
+    torch._dynamo.reset()
