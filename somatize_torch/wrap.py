@@ -558,7 +558,11 @@ def _forward(self: Wrapped, *args: Any, **kwargs: Any) -> Any:
     if not isinstance(runner, nn.Module):
         # Refused for what the config held when it was traced, which these traces may not
         # watch: those taken for what it holds now run, where there are any.
-        elsewhere = None if tracing is None else tracing.traced_elsewhere((none, values), training)
+        elsewhere = (
+            None
+            if tracing is None
+            else marked_as_needed(_traced_elsewhere_eagerly)(tracing, (none, values), training)
+        )
         if elsewhere is None:
             _refuse_mode(self, runner, runners, training, none)
         runner = elsewhere[training]
@@ -810,6 +814,9 @@ call that fails leaves the modes as an eager one does. (torch.compile gives up o
 anyway.)"""
 _trace_eagerly = _not_compiled(Tracing.runners_for)
 """A trace taken in a compiled call runs eagerly: fx cannot trace inside a compiled one."""
+_traced_elsewhere_eagerly = _not_compiled(Tracing.traced_elsewhere)
+"""The code traced for the values the config holds, looked for in a compiled call eagerly:
+it enters and watches other traces, which torch.compile cannot follow."""
 _refuse_global_hooks_eagerly = _not_compiled(_refuse_global_hooks)
 """Refuses a compiled call while global hooks are registered, naming them: compiled code
 only asks how many there are (which torch.compile guards on, so one registered later has

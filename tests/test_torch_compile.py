@@ -24,6 +24,7 @@ from tests.test_torch_wrap import (
     Blocked,
     Fails,
     FailsInferring,
+    IteratesByConfigInTrain,
     MakesConstants,
     Mixed,
     Normed,
@@ -38,6 +39,7 @@ from tests.test_torch_wrap import (
     _modes,
     cached_as,
     default_edited,
+    refused_in_train_until_set_back,
     while_another_thread_exports,
 )
 
@@ -656,6 +658,24 @@ def test_a_compiled_call_after_what_the_forward_read_changed_answers_or_is_refus
                 compiled(x, mask)
         model.gain = 3.0
         assert torch.equal(compiled(x, mask), model(x, mask))
+    torch._dynamo.reset()
+
+
+def test_a_compiled_call_in_a_mode_fx_refused_for_a_config_is_refused_or_runs_as_eagerly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled, a call in the mode fx could not trace for what the config holds (traced
+    in eval mode only) is refused naming the line, as an eager one is; set back, the
+    call runs the code traced for the values set back. The model and its wrapper are held
+    in globals, as a script holds them."""
+    model, wrapped, compiled = _compiled(
+        lambda: IteratesByConfigInTrain().eval(), tmp_path, monkeypatch
+    )
+    # As a script holds them: in globals of the module that defines the model's class.
+    defining = vars(sys.modules[IteratesByConfigInTrain.__module__])
+    monkeypatch.setitem(defining, "wrapped", wrapped)
+    monkeypatch.setitem(defining, "compiled", compiled)
+    refused_in_train_until_set_back(model, wrapped, compiled)
     torch._dynamo.reset()
 
 
