@@ -974,7 +974,8 @@ class Tracing:
                 and isinstance(world.runners.get(key, {}).get(training), nn.Module)
             )
             if found is None:
-                self._enter(was)
+                if self.world is not was:  # another looked at: the traces run before again
+                    self._enter(was)
                 return None
             return found.runners[key]
 

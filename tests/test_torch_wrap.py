@@ -8289,6 +8289,27 @@ def test_a_model_traceable_in_one_mode_runs_only_in_that_mode(store: Store) -> N
         wrapped(x)
 
 
+def test_a_mode_fx_cannot_trace_is_refused_without_watching_the_model_anew(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call in the mode fx could not trace, with no other traces for that mode, is
+    refused leaving what the model watches as it was: a refusal repeated (a training step
+    caught and retried) does not rebuild the watch each time."""
+    model = TrainsOnly().eval()
+    wrapped = _encoder_frozen(model, store)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        wrapped(x)
+    wrapped.train()
+    watched: list[object] = []
+    watch = _tracing.Tracing.watch
+    monkeypatch.setattr(_tracing.Tracing, "watch", lambda self: watched.append(watch(self)))
+    for _ in range(3):
+        with pytest.raises(smt.WrapError, match=r"in eval mode only"):
+            wrapped(x)
+    assert watched == []
+
+
 class TrainsOnlyWithoutMask(OnTempered):
     """Branches on a tensor value in train mode when no mask is given, which fx cannot
     trace."""
