@@ -189,8 +189,7 @@ class Deferred(Dataset[Any]):
         last), so switching versions, as caches of different versions reading this
         Deferred do at every batch, copies nothing; ``_held``, the row held, is shared
         with DataLoader workers as the marks are, persistent ones included."""
-        self._marks, self._marks_fd = _shared_zeros(_MARKS_KEPT + 1, self._count)
-        self._held = torch.zeros((), dtype=torch.long).share_memory_()  # type: ignore[no-untyped-call]
+        self._marks, self._held, self._marks_fd = _shared_zeros(_MARKS_KEPT + 1, self._count)
         self._rows: dict[str | None, int] = {version: 0}
 
     @property
@@ -289,8 +288,9 @@ class Deferred(Dataset[Any]):
         state = dict(self.__dict__)
         fd = state.pop("_marks_fd")
         if get_spawning_popen() is not None:  # to a DataLoader worker it starts: shared
-            if fd is not None:  # the file itself, mapped again there
+            if fd is not None:  # the file itself, mapped again there, the row held in it
                 state["_marks"] = (DupFd(fd), *self._marks.shape)
+                del state["_held"]
             return state
         # Saved (torch.save, pickle): the marks of the versions held alone, not the rows
         # kept for versions to come (read whole, each page of them would be made), as the
@@ -317,7 +317,7 @@ class Deferred(Dataset[Any]):
         self._marks_fd = None
         if isinstance(marks, tuple):  # the file of the marks, in a DataLoader worker
             dup, rows, count = marks
-            self._marks, self._marks_fd = _mapped(dup.detach(), rows, count)
+            self._marks, self._held, self._marks_fd = _mapped(dup.detach(), rows, count)
         elif marks is not None:  # shared by torch's own sharing
             self._marks = marks
         if saved:
@@ -689,37 +689,50 @@ def _whole_samples(value: list[Any] | tuple[Any, ...] | dict[Any, Any], index: i
     )
 
 
-def _shared_zeros(rows: int, count: int) -> tuple[torch.Tensor, int | None]:
-    """A bool tensor of ``rows`` by ``count``, all False, in memory shared with DataLoader
-    workers, and the file descriptor of that memory (None: torch's own sharing hands it to
-    workers). On Linux it takes room only where written: a fresh memory file reads as
-    zeros and its pages are made as they are touched, so rows kept for versions not keyed
-    under cost nothing. (Torch's shared memory reserves every page as it is made.)"""
+_HEAD = 8
+"""The bytes before a Deferred's marks in the memory they share with workers: the row
+held, one ``int64``."""
+
+
+def _shared_zeros(rows: int, count: int) -> tuple[torch.Tensor, torch.Tensor, int | None]:
+    """A bool tensor of ``rows`` by ``count``, all False, and a 0-dim ``int64`` zero (the
+    row held), in one piece of memory shared with DataLoader workers; and the file
+    descriptor of that memory (None: torch's own sharing hands it to workers). One piece,
+    so a Deferred holds one file descriptor, as one shared tensor did. On Linux it takes
+    room only where written: a fresh memory file reads as zeros and its pages are made as
+    they are touched, so rows kept for versions not keyed under cost nothing. (Torch's
+    shared memory reserves every page as it is made.)"""
     make = getattr(os, "memfd_create", None)
-    if make is not None and rows * count > 0:
+    if make is not None:
         fd = make("somatize-marks", os.MFD_CLOEXEC)
         try:
-            os.ftruncate(fd, rows * count)
+            os.ftruncate(fd, _HEAD + rows * count)
             return _mapped(fd, rows, count)
         except (OSError, RuntimeError):  # no /proc to map it through (a bare sandbox)
             os.close(fd)
-    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(rows * count)  # type: ignore[no-untyped-call]
-    return _viewed(storage, rows, count), None
+    storage: torch.UntypedStorage = torch.UntypedStorage._new_shared(_HEAD + rows * count)  # type: ignore[no-untyped-call]
+    return *_viewed(storage, rows, count), None
 
 
-def _mapped(fd: int, rows: int, count: int) -> tuple[torch.Tensor, int]:
-    """The memory file ``fd`` as a bool tensor of ``rows`` by ``count``, and ``fd``, closed
-    once the tensor is gone (its views keep the memory mapped)."""
-    nbytes = rows * count
+def _mapped(fd: int, rows: int, count: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The memory file ``fd`` as the marks of ``rows`` by ``count`` and the row held (see
+    :func:`_shared_zeros`), and ``fd``, closed once the marks are gone (the views of the
+    memory keep it mapped)."""
+    nbytes = _HEAD + rows * count
     storage = torch.UntypedStorage.from_file(f"/proc/self/fd/{fd}", shared=True, nbytes=nbytes)
     assert isinstance(storage, torch.UntypedStorage)  # what from_file makes of the class
-    marks = _viewed(storage, rows, count)
+    marks, held = _viewed(storage, rows, count)
     weakref.finalize(marks, os.close, fd)
-    return marks, fd
+    return marks, held, fd
 
 
-def _viewed(storage: torch.UntypedStorage, rows: int, count: int) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.bool).set_(storage, 0, (rows, count), (count, 1))
+def _viewed(
+    storage: torch.UntypedStorage, rows: int, count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The marks and the row held, as :func:`_shared_zeros` lays them in ``storage``."""
+    held = torch.empty(0, dtype=torch.long).set_(storage, 0, (), ())
+    marks = torch.empty(0, dtype=torch.bool).set_(storage, _HEAD, (rows, count), (count, 1))
+    return marks, held
 
 
 def _named(version: str | None) -> str:

@@ -1168,6 +1168,19 @@ def test_a_deferred_saved_carries_the_marks_of_the_versions_used_alone() -> None
     assert int(loaded._marks.sum()) == 26
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts this process's files")
+def test_a_deferred_holds_one_file_for_its_marks_and_the_row_held() -> None:
+    """A Deferred's marks and the row of them held share one piece of memory, so it holds
+    one file descriptor, as one shared tensor of marks did: a dataset made of many of them
+    (one a shard) runs out of files no sooner than before."""
+    before = len(os.listdir("/proc/self/fd"))
+    made = [Deferred(torch.zeros(4, 1)) for _ in range(50)]
+    assert len(os.listdir("/proc/self/fd")) - before <= len(made)
+    made[7].marks_under("b@1")
+    made[7].answered[2] = True
+    assert made[7].answered.nonzero().flatten().tolist() == [2]
+
+
 @pytest.mark.parametrize("start", ["fork", "spawn", "forkserver"])
 def test_persistent_workers_of_every_start_method_see_marks_and_switches(start: str) -> None:
     """Persistent DataLoader workers, forked, spawned or started by a fork server, read
