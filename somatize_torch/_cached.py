@@ -48,7 +48,7 @@ from somatize.codecs import CodecError
 from somatize.engine import NodeFailed, Record
 from somatize.errors import SomatizeError
 from somatize.plan import declared_again
-from somatize_torch._codec_tree import tensors_in, with_tensors
+from somatize_torch._codec_tree import built_with, tree_of
 from somatize_torch._errors import (
     EXPORT,
     JIT_TRACE,
@@ -374,19 +374,20 @@ def _unshared(out: Any, args: Sequence[torch.Tensor], module: nn.Module) -> Any:
 def _tensors(out: Any) -> list[torch.Tensor]:
     """The tensors of answer ``out``, in every container the codec keeps: a dataclass
     (Hugging Face's ``ModelOutput``) too, which torch's pytree does not go into."""
-    kept = tensors_in(out)
-    if kept is not None:
-        return kept
+    tree = tree_of(out)
+    if tree is not None:
+        return tree[1]
     return [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
 
 
 def _mapped(change: Callable[[torch.Tensor], torch.Tensor], out: Any) -> Any:
     """Answer ``out`` with each of its tensors (:func:`_tensors`) changed by ``change``: one
     the codec keeps is made again as a recall makes it, so a computed answer and a
-    recalled one are alike."""
-    kept = tensors_in(out)
-    if kept is not None:
-        return with_tensors(out, [change(t) for t in kept])
+    recalled one are alike: the answer walked once, its shape built again."""
+    tree = tree_of(out)
+    if tree is not None:
+        shape, kept = tree
+        return built_with(shape, [change(t) for t in kept])
     return tree_map(lambda t: change(t) if isinstance(t, torch.Tensor) else t, out)
 
 

@@ -363,24 +363,23 @@ def _differs(made: Any, kind: type, values: dict[str, Any], keys: list[str] | No
     )
 
 
-def tensors_in(value: Any) -> list[torch.Tensor] | None:
-    """The tensors of ``value`` in the order they are met, going into every container the
-    codec writes (a dataclass too, which torch's pytree does not go into), or None where
-    the codec does not write ``value``. Asked of every answer of a cached module, a hit's
-    too, so its dataclasses are not made again by their constructor here: one computed was
-    checked so before it was kept, and one recalled was kept so."""
+def tree_of(value: Any) -> tuple[Any, list[torch.Tensor]] | None:
+    """The shape of ``value`` and its tensors in the order they are met, going into every
+    container the codec writes (a dataclass too, which torch's pytree does not go into),
+    or None where the codec does not write ``value``. Asked of every answer of a cached
+    module, a hit's too, so its dataclasses are not made again by their constructor here:
+    one computed was checked so before it was kept, and one recalled was kept so."""
     leaves: list[torch.Tensor] = []
     try:
-        _shape(value, leaves, "", 0, ordered=True, rebuilt=False)
+        shape = _shape(value, leaves, "", 0, ordered=True, rebuilt=False)
     except _Refused:
         return None
-    return leaves
+    return shape, leaves
 
 
-def with_tensors(value: Any, tensors: list[torch.Tensor]) -> Any:
-    """``value``, which the codec writes (:func:`tensors_in`), made again as a recall makes
-    it, with ``tensors`` in the places of its own."""
-    shape = _shape(value, [], "", 0, ordered=True, rebuilt=False)  # as tensors_in found it
+def built_with(shape: Any, tensors: list[torch.Tensor]) -> Any:
+    """The value of ``shape`` (:func:`tree_of`) made again as a recall makes it, with
+    ``tensors`` in the places of its own."""
     return _built(shape, tensors)
 
 
