@@ -482,7 +482,7 @@ class BucketRequests(PackedHome):
                             f"{what} on {self.url} was refused ({why}): check the credentials "
                             "and the bucket's permissions"
                         ) from why
-                    refused = self._forbidden(what, why) or self._server_refused(what, why)
+                    refused = self._server_refused(what, why)
                     if refused is not None:
                         raise refused from why
                     if _refused(why):
@@ -520,9 +520,13 @@ class BucketRequests(PackedHome):
         )
 
     def _server_refused(self, what: str, why: BaseException) -> StoreError | None:
-        """The error for a request a web server refused as it was made (a status other
-        than those :meth:`_forbidden` and :meth:`_server_failing` say); None for any other
-        failure, and for fsspec's FileNotFoundError raised from a 404: a file not there."""
+        """The error for a request a web server refused as it was made: these credentials
+        (:meth:`_forbidden`), or any other status but those :meth:`_server_failing` says;
+        None for any other failure, and for fsspec's FileNotFoundError raised from a 404: a
+        file not there."""
+        forbidden = self._forbidden(what, why)
+        if forbidden is not None:
+            return forbidden
         said = _server_said(why, raised_from=False)
         if said is None:
             return None
@@ -894,7 +898,7 @@ class BucketRequests(PackedHome):
                     retry.append(path)
                 elif isinstance(value, BaseException):
                     what = f"reading {path}"
-                    refused = self._forbidden(what, value) or self._server_refused(what, value)
+                    refused = self._server_refused(what, value)
                     if refused is not None:
                         raise refused from value
                     raise StoreError(f"{what} from {self.url} failed: {value}") from value
