@@ -26,6 +26,7 @@ __all__ = [
     "StartedPool",
     "hash_read",
     "hash_threads",
+    "hash_to_end",
     "make_room",
     "process_pool",
     "start_thread",
@@ -68,6 +69,17 @@ def hash_read(handle: io.RawIOBase | io.BufferedIOBase, size: int) -> str | None
             return None
         hasher.update(room[:read])
         got += read
+    return "blake3:" + hasher.hexdigest()
+
+
+def hash_to_end(handle: io.RawIOBase | io.BufferedIOBase) -> str:
+    """The BLAKE3 digest (``blake3:…``) of the bytes of ``handle`` from its start to its
+    end, read a part at a time, as :func:`hash_read` reads them."""
+    hasher = blake3.blake3(max_threads=hash_threads())
+    room = memoryview(bytearray(_HASH_PART))
+    handle.seek(0)
+    while read := handle.readinto(room):
+        hasher.update(room[:read])
     return "blake3:" + hasher.hexdigest()
 
 

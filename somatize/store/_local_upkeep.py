@@ -33,6 +33,7 @@ from stat import S_ISREG
 
 import blake3
 
+from somatize._threads import hash_to_end
 from somatize.store._local_files import (
     _READ_ONLY,
     ONE_FILESYSTEM,
@@ -86,7 +87,14 @@ def _hash_at(path: str) -> str:
     try:
         if stat.st_size == 0:
             return "blake3:" + blake3.blake3(b"").hexdigest()
-        with mmap.mmap(handle, 0, access=mmap.ACCESS_READ) as mapped:
+        try:
+            mapped = mmap.mmap(handle, 0, access=mmap.ACCESS_READ)
+        except OSError:
+            # A filesystem that maps no files (FUSE with direct_io, some network mounts:
+            # ENODEV) is read instead.
+            with open(handle, "rb", buffering=0, closefd=False) as reader:
+                return hash_to_end(reader)
+        with mapped:
             return hash_bytes(mapped)
     finally:
         os.close(handle)

@@ -588,7 +588,15 @@ class LocalStore(LocalShelf):
                     # private map per read, as one shared between reads would carry what
                     # one caller wrote into it to the next.
                     access = mmap.ACCESS_READ if borrow else mmap.ACCESS_COPY
-                    data = memoryview(mmap.mmap(handle.fileno(), 0, access=access))
+                    try:
+                        data = memoryview(mmap.mmap(handle.fileno(), 0, access=access))
+                    except OSError:
+                        # A filesystem that maps no files (FUSE with direct_io, some
+                        # network mounts: ENODEV): read, and hashed as read, not as hashed
+                        # before. Kept by no map between reads: it is memory of its own.
+                        handle.seek(0)
+                        data = _read_privately(handle, actual, digest)
+                        found, borrow = "", False
                 elif actual > _MAP_ABOVE:
                     data = _read_privately(handle, actual, digest)
                 else:

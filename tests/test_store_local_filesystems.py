@@ -1,0 +1,51 @@
+"""A local store on a filesystem with odd semantics: one that maps no files (FUSE with
+``direct_io``, some network mounts: ``mmap`` raises ENODEV), or syncs no directories
+(``fsync`` of a folder raises EINVAL). Such a filesystem is simulated by making the ``os``
+or ``mmap`` call fail as it does there, so that the tests need no special mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from somatize.store import Corrupt, LocalStore
+
+LARGE = bytes(range(256)) * 1000
+"""A blob large enough (over 64 KiB) that a store would map it."""
+
+
+def _maps_nothing(*_: Any, **__: Any) -> mmap.mmap:
+    raise OSError(errno.ENODEV, os.strerror(errno.ENODEV))
+
+
+def test_a_filesystem_that_maps_no_files_is_read_and_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    digest = LocalStore(tmp_path / "s").put(LARGE)
+    monkeypatch.setattr(mmap, "mmap", _maps_nothing)
+    store = LocalStore(tmp_path / "s")
+    assert bytes(store.local_blob(digest)) == LARGE
+    assert bytes(store.local_blob(digest)) == LARGE  # again, from what it holds
+    found = store.verify()
+    assert (found.blobs, found.damaged) == (1, [])
+
+
+def test_a_blob_damaged_on_a_filesystem_that_maps_no_files_is_found_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalStore(tmp_path / "s")
+    digest = store.put(LARGE)
+    store.blob_path(digest).write_bytes(LARGE[:-1] + b"!")
+    monkeypatch.setattr(mmap, "mmap", _maps_nothing)
+    found = LocalStore(tmp_path / "s").verify()
+    assert [(damage.section, damage.name) for damage in found.damaged] == [
+        ("blobs", f"{digest[7:9]}/{digest[7:]}")
+    ]
+    with pytest.raises(Corrupt):
+        LocalStore(tmp_path / "s").local_blob(digest)
