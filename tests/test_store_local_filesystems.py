@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,8 @@ from somatize.store import Corrupt, LocalStore
 
 LARGE = bytes(range(256)) * 1000
 """A blob large enough (over 64 KiB) that a store would map it."""
+KEY = "blake3:" + "ab" * 32
+OTHER = "blake3:" + "cd" * 32
 
 
 def _maps_nothing(*_: Any, **__: Any) -> mmap.mmap:
@@ -49,3 +52,24 @@ def test_a_blob_damaged_on_a_filesystem_that_maps_no_files_is_found_so(
     ]
     with pytest.raises(Corrupt):
         LocalStore(tmp_path / "s").local_blob(digest)
+
+
+def test_a_durable_store_on_a_filesystem_that_syncs_no_folders_keeps_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store = LocalStore(tmp_path / "s", durable=True)
+    store.keep(KEY, LARGE, "plain")
+    store.keep(OTHER, LARGE, "plain")  # its blob found there, synced with its folders
+    store.bind("data/v1", store.put(b"named"))
+    fresh = LocalStore(tmp_path / "s")
+    assert fresh.have([KEY, OTHER]) == {KEY, OTHER}
+    assert bytes(fresh.recall(OTHER)[1]) == LARGE
+    assert bytes(fresh.get(fresh.resolve("data/v1"))) == b"named"

@@ -104,6 +104,8 @@ another user's files)."""
 OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
 """Why a file could not be opened when this process (or the system) has as many open as it
 may: no fault of the store's."""
+_NO_FOLDER_SYNC = (errno.EINVAL, errno.EBADF, errno.ENOTSUP)
+"""What ``fsync`` of a folder raises on a filesystem that syncs no folders."""
 
 _CLOSE_FILES = (
     "this process has as many files open as it may, which is no fault of the store. Raise "
@@ -541,6 +543,11 @@ class LocalFiles(PackedHome):
         handle = os.open(directory, os.O_RDONLY)
         try:
             os.fsync(handle)
+        except OSError as why:
+            # A filesystem that syncs no folders (some FUSE, network and SMB mounts) says
+            # so; its renames are as durable as it makes them, as PostgreSQL takes it.
+            if why.errno not in _NO_FOLDER_SYNC:
+                raise
         finally:
             os.close(handle)
 
