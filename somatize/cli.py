@@ -623,7 +623,7 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
                     )
                 elif where.startswith("names/"):
                     why = (
-                        "not a name (a name's segments are letters, digits and `._=+@-`), "
+                        "not a name (a name's segments are ASCII letters, digits and `._=+@-`), "
                         "so nothing resolves it; gc leaves it"
                     )
                 elif where.startswith("blobs/"):

@@ -141,6 +141,19 @@ def test_bind_and_resolve(home: Store) -> None:
     assert home.resolve("sms/train") == two
 
 
+def test_a_name_with_a_letter_outside_ascii_is_refused_saying_names_are_ascii(
+    tmp_path: Path,
+) -> None:
+    """`données/train` is refused saying names are ASCII: `é` is a letter, so an error
+    that says only "letters" leaves whoever bound it guessing what is wrong."""
+    store = Store(tmp_path / "store")
+    digest = store.put(b"rows")
+    with pytest.raises(BadName, match=r"ASCII letters, digits and `\._=\+@-`") as refused:
+        store.bind("données/train", digest)
+    assert "'données'" in str(refused.value)
+    assert not [path for path in (tmp_path / "store").rglob("*") if "donn" in path.name]
+
+
 def test_a_name_differing_only_in_case_from_a_bound_one_or_its_folder_is_refused(
     home: Store,
 ) -> None:

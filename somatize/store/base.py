@@ -304,7 +304,7 @@ def check_name(name: str) -> str:
             )
         if not _SEGMENT.match(segment):
             raise BadName(
-                f"name {name!r} has segment {segment!r}: segments are letters, digits and "
+                f"name {name!r} has segment {segment!r}: segments are ASCII letters, digits and "
                 "`._=+@-`, starting with a letter or digit (no spaces or control characters)"
             )
     return name
