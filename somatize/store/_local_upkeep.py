@@ -63,9 +63,23 @@ def _set_times(root: str, times: dict[str, dict[str, float]]) -> None:
     for section, named in times.items():
         base = f"{root}{os.sep}{section}{os.sep}"
         for name, when in named.items():
-            # Gone meanwhile, or read-only: a time is advice, never an error.
-            with contextlib.suppress(OSError):
-                os.utime(base + name.replace("/", os.sep), (when, when))
+            _set_time(base + name.replace("/", os.sep), when)
+
+
+def _set_time(path: str, when: float) -> None:
+    """Sets the time of the file at ``path`` to ``when``. Only a file's owner may set a
+    time of their choosing: a file another user of a shared store made, which this user
+    may write, is stamped with the time now instead, which anyone who may write it may
+    set (``when`` lies a moment before: uses are written down in batches). Else a gc would
+    take an answer other users recall all day for one nobody used since its owner did."""
+    # Gone meanwhile, or read-only: a time is advice, never an error.
+    with contextlib.suppress(OSError):
+        try:
+            os.utime(path, (when, when))
+        except PermissionError as why:
+            if why.errno != errno.EPERM:
+                raise
+            os.utime(path)
 
 
 _USERS: tuple[int, weakref.WeakSet[LocalShelf]] | None = None
