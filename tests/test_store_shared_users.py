@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from somatize.store import LocalStore
+from somatize.store import LocalStore, Store
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "fork") or os.geteuid() != 0,
@@ -104,3 +104,39 @@ def test_a_use_by_another_member_of_the_group_spares_an_answer_from_gc(shared: P
         os.utime(LocalStore(root).answer_path(key_of(number)), (when, when))
     as_user(SECOND, _recall, root, 0)
     assert as_user(FIRST, _collect, root, 2_000) == [key_of(0)]
+
+
+def _read_every_file(root: Path) -> int:
+    """How many files under ``root`` this user read, as a copy of it (``cp -r``) would."""
+    read = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            (Path(folder) / name).read_bytes()
+            read += 1
+    return read
+
+
+def test_every_file_a_store_makes_is_readable_by_its_group(shared: Path) -> None:
+    """The store's marker was made readable by its maker alone, whatever the umask, so
+    another member of the group could not copy a store the group shares."""
+    root = shared / "store"
+    as_user(FIRST, _keep, root, [1])
+    assert as_user(SECOND, _read_every_file, root) == 4  # marker, .gitignore, record, blob
+
+
+def _through_cache(bucket: str, cache: Path, number: int) -> bytes:
+    """Keeps an answer in the bucket at ``bucket`` through the cache folder ``cache``, and
+    recalls the one the first user kept."""
+    store = Store.on_bucket(bucket, cache=cache)
+    store.keep(key_of(number), bytes([number]) * 1_000, "plain")
+    return bytes(store.recall(key_of(1))[1])
+
+
+def test_a_cache_folder_shared_by_a_group_serves_each_member(shared: Path, tmp_path: Path) -> None:
+    """The file that binds a bucket store's cache folder to its bucket was readable by the
+    user who made it alone, so every other member of the group sharing that folder was
+    refused the store (StoreError: cannot read it)."""
+    Store.on_bucket(f"file://{tmp_path / 'warm'}").put(b"")  # loads fsspec as root
+    bucket = f"file://{shared / 'bucket'}"
+    assert as_user(FIRST, _through_cache, bucket, shared / "cache", 1) == bytes([1]) * 1_000
+    assert as_user(SECOND, _through_cache, bucket, shared / "cache", 2) == bytes([1]) * 1_000

@@ -29,6 +29,7 @@ import io
 import os
 import tempfile
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -204,6 +205,16 @@ def refuse_led_nowhere(section: str, path: str, shown: str) -> None:
         "unused. Mount that disk, or remove the link if what it held is gone; nothing was "
         "removed or changed"
     )
+
+
+def new_file(folder: str | os.PathLike[str], prefix: str, suffix: str) -> tuple[int, str]:
+    """A descriptor of a new file in ``folder``, open for writing, and its path (named
+    ``prefix``, a uuid, ``suffix``). It has the permissions the umask leaves, as every
+    file of a store has: ``tempfile.mkstemp`` makes its owner's alone, which another user
+    of a store or cache folder shared by a group could not read."""
+    path = os.path.join(folder, f"{prefix}{uuid.uuid4().hex}{suffix}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    return os.open(path, flags, 0o666), path
 
 
 def _open_regular(path: str) -> tuple[int, os.stat_result]:

@@ -46,7 +46,6 @@ import io
 import os
 import re
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from pathlib import Path
@@ -65,7 +64,7 @@ from somatize.store._credentials import (
     masked,
     plain,
 )
-from somatize.store._local_files import open_file
+from somatize.store._local_files import new_file, open_file
 from somatize.store._packed import Claims, digest_of, frozen, hash_bytes, nbytes, pieces_of
 from somatize.store.base import (
     READ_ONLY_BUCKET,
@@ -647,9 +646,7 @@ def _mark_beside(mark: str, data: bytes) -> str | None:
     """A file of its own beside the cache mark at ``mark``, holding ``data``, to be put in
     its place; None where the folder cannot be written."""
     try:
-        fd, part = tempfile.mkstemp(
-            prefix=f".{_CACHE_MARK}.", suffix=".part", dir=os.path.dirname(mark)
-        )
+        fd, part = new_file(os.path.dirname(mark), f".{_CACHE_MARK}.", ".part")
     except OSError:
         return None
     try:

@@ -54,7 +54,6 @@ import math
 import mmap
 import os
 import re
-import tempfile
 import time
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -69,6 +68,7 @@ from somatize.store._local_files import (
     _open_regular,
     _read_file,
     _read_open,
+    new_file,
     open_file,
     stamp_of,
 )
@@ -401,7 +401,7 @@ class LocalStore(LocalShelf):
         False where it cannot be written (a store this process may not write, or a full
         disk), which leaves the store as it was."""
         try:
-            fd, part = tempfile.mkstemp(suffix=MARKER_PART, dir=self._tmp)
+            fd, part = new_file(self._tmp, f"{os.getpid()}-", MARKER_PART)
         except OSError:
             return False
         try:
