@@ -25,7 +25,7 @@ import pytest
 from somatize.store import LocalStore, StoreError
 from somatize.store._packed import digest_of
 from somatize.store.base import JoinedWrite
-from tests.forked import in_forked_child, needs_fork
+from tests.forked import answer_of, forked, in_forked_child, needs_fork
 
 DATA = b"bytes this store cannot write"
 KEY = "blake3:" + "ab" * 32
@@ -329,3 +329,67 @@ def test_a_forked_child_letting_go_of_its_parent_s_joined_write_leaves_it_be(
     assert list((tmp_path / "store" / "tmp").iterdir())  # still being written
     joined.close()
     assert store.have(keys) == set(keys)
+
+
+def _child_drops_inherited() -> str:
+    """In a forked child: drops its copy of the parent's joined write, as an exiting
+    child's finalizers (``sys.exit``) do; its unwritten bytes go with it."""
+    _INHERITED.clear()
+    gc.collect()
+    return "done"
+
+
+def _child_aborts_inherited() -> str:
+    """In a forked child: aborts its copy of the parent's joined write, as a ``with`` block
+    left by ``sys.exit`` does."""
+    joined = _INHERITED.pop()
+    assert isinstance(joined, JoinedWrite)
+    joined.abort()
+    return "done"
+
+
+@needs_fork
+@pytest.mark.parametrize("child", [_child_drops_inherited, _child_aborts_inherited])
+def test_a_forked_child_writes_nothing_of_its_parent_s_joined_write_still_unwritten(
+    tmp_path: Path, child: Callable[[], str]
+) -> None:
+    """A child forked while its parent's joined write holds bytes not yet written to its
+    file neither writes them into that file nor removes it, whether it lets go of its copy
+    or aborts it: the parent's close keeps every answer as added."""
+    store = LocalStore(tmp_path / "store")
+    first = ["blake3:" + "ab" * 32, "blake3:" + "cd" * 32]
+    second = ["blake3:" + "ef" * 32, "blake3:" + "12" * 32]
+    data = [os.urandom(100) for _ in range(4)]
+    _INHERITED.append(store.open_joined("plain"))
+    try:
+        _INHERITED[0].add(first, b"".join(data[:2]), [100, 100])  # type: ignore[attr-defined]
+        assert answer_of(*forked(child)) == "done"
+        joined = _INHERITED[0]
+    finally:
+        _INHERITED.clear()
+    assert isinstance(joined, JoinedWrite)
+    joined.add(second, b"".join(data[2:]), [100, 100])
+    joined.close()
+    assert [bytes(store.recall(key)[1]) for key in first + second] == data
+
+
+def _child_writes_its_own() -> str:
+    """In a forked child: a joined write of its own to the store it inherited, closed."""
+    (store,) = _INHERITED
+    assert isinstance(store, LocalStore)
+    keys = ["blake3:" + "34" * 32, "blake3:" + "56" * 32]
+    with store.open_joined("plain") as joined:
+        joined.add(keys, b"x" * 100 + b"y" * 100, [100, 100])
+    return "kept" if store.have(keys) == set(keys) else "not kept"
+
+
+@needs_fork
+def test_a_forked_child_s_own_joined_write_is_kept(tmp_path: Path) -> None:
+    """A child forked from a process holding a store keeps a joined write of its own."""
+    store = LocalStore(tmp_path / "store")
+    _INHERITED.append(store)
+    try:
+        assert answer_of(*forked(_child_writes_its_own)) == "kept"
+    finally:
+        _INHERITED.clear()
+    assert store.have(["blake3:" + "34" * 32]) == {"blake3:" + "34" * 32}

@@ -115,6 +115,7 @@ class StreamedJoin(JoinedWrite):
             # A write let go of unclosed would otherwise hold its file open and its claim
             # on tmp/ (which a gc leaves be) until the process ends.
             self._dropped = weakref.finalize(self, _let_go, pack, repr(home), os.getpid())
+            _WRITING.add(self)
         try:
             for run in steady_runs(pieces, _RUN):  # what is hashed is what is written
                 pack.hasher.update(run)
@@ -182,6 +183,42 @@ class StreamedJoin(JoinedWrite):
             self._keep_pack()
             pack.discard()
         super().abort()
+
+    def _inherited(self) -> None:
+        """Makes this write, a forked child's copy of its parent's, inert: its pack is the
+        parent's, which the parent still writes and publishes, so the child neither writes
+        the bytes its copy of the file holds unwritten (dropped, or flushed at its exit,
+        they would land in the parent's file, at the offset the two share) nor removes it,
+        and its close or abort keeps nothing."""
+        pack, self._pack = self._pack, None
+        if pack is not None:
+            self._keep_pack()
+            _write_nowhere(pack.out)
+        super().abort()
+
+
+_WRITING: weakref.WeakSet[StreamedJoin] = weakref.WeakSet()
+"""Every joined write of this process that began a pack, which a forked child makes inert."""
+
+
+def _after_fork_in_child() -> None:
+    for joined in list(_WRITING):
+        joined._inherited()
+    _WRITING.clear()
+
+
+if hasattr(os, "register_at_fork"):  # no fork where there is none (Windows)
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _write_nowhere(out: io.BufferedWriter) -> None:
+    """Points ``out``'s file descriptor, in this process alone, at the null device: what it
+    holds unwritten goes nowhere when it is flushed or closed."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, out.fileno())
+    finally:
+        os.close(null)
 
 
 def _let_go(pack: _Pack, store: str, pid: int) -> None:
