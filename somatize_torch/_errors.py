@@ -15,6 +15,7 @@ the parts watcher) raise them without importing the wrapper that imports them::
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch._guards import TracingContext
@@ -62,6 +63,11 @@ class Untraceable(SomatizeError, TypeError):
     where: str = ""
     """Where in the model's code fx stopped, as a message says it (" at file:line
     (`code`)"); "" where it is not known."""
+
+    read: Any = None
+    """What the trace read of the model before fx stopped (a
+    :class:`~somatize_torch._values.Noted`), None where it is not known: read as it was,
+    the same values lead a trace of the same call to the same stop."""
 
 
 class CachedInputNeedsGrad(SomatizeError, ValueError):

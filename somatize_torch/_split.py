@@ -347,6 +347,7 @@ def _traced(
     modes = [(module, module.training) for module in model.modules()]
     tracer = _Tracer(leaves)
     tracer.containers = frozenset(containers)
+    noted: Noted | None = None
 
     def put_modes_back() -> None:
         for module, was in modes:
@@ -367,72 +368,8 @@ def _traced(
                 warnings.filterwarnings("ignore", "Was not able to add assertion")
                 graph = tracer.trace(model, concrete_args=dict(concrete) if concrete else None)
     except Exception as error:
-        frames = [
-            f
-            for f in traceback.extract_tb(error.__traceback__)
-            if not in_torch(f.filename) and f.filename not in _WRAPPING
-        ]
-        where = (
-            f" at {frames[-1].filename}:{frames[-1].lineno} (`{(frames[-1].line or '').strip()}`)"
-            if frames
-            else ""
-        )
-        mode = "train" if training else "eval"
-        branched = tracer.branched if isinstance(error, torch.fx.proxy.TraceError) else None
-        if isinstance(error, Fixed):
-            raise _stops(
-                Untraceable(
-                    f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
-                    f"{where}: it {error}. Declared submodules are never traced into, so declare "
-                    "the submodule that holds this code, or wrap just the submodule you want to "
-                    "remember — `model.encoder = somatize.torch.wrap(model.encoder, frozen=True, "
-                    "cached=True)`, or `somatize.torch.cache_rows(model.encoder, ...)` — which "
-                    "needs no tracing and leaves this forward to run as it is written"
-                )
-            ) from error
-        if isinstance(error, torch.fx.proxy.TraceError) and tracer.iterated is not None:
-            raise _stops(
-                Untraceable(
-                    f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
-                    f"{where}: it iterates over {tracer.iterated}, whose length fx does not "
-                    "know: it stands in for what a module answers while it traces. Take its "
-                    "items by index or key (`out[0] + out[1]`, `out['h']`), or unpack as many "
-                    "as it holds (`a, b = self.encoder(x)`), declare the submodule that holds "
-                    "this code, or wrap just the submodule you want to remember — `model.encoder = "
-                    "somatize.torch.wrap(model.encoder, frozen=True, cached=True)` — which "
-                    "needs no tracing"
-                )
-            ) from error
-        tensors = tracer.tensors if isinstance(error, torch.fx.proxy.TraceError) else frozenset()
-        if tensors:
-            shown = ", ".join(f"`{name}`" for name in sorted(tensors))
-            refused = Untraceable(
-                f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
-                f"{where}: it branches on the shape, size or value of {shown}, a tensor "
-                f"({type(error).__name__}: {error}), and fx cannot follow a branch on a "
-                "tensor's shape, size or value: it stands in for the tensor as it traces, "
-                "with no shape or values to pick a side by. Make the shape static (drop the "
-                "check, or check it before calling the model), write the branch as tensor "
-                "code (`torch.where`), declare the submodule that holds this code "
-                "(`wrap(model, frozen=[...])`; declared submodules are never traced into), "
-                "or wrap just the submodule you want to remember — `model.encoder = "
-                "somatize.torch.wrap(model.encoder, frozen=True, cached=True)` — which needs "
-                "no tracing"
-            )
-            refused.branched = branched
-            refused.tensors = tensors
-            refused.where = where
-            raise refused from error
-        refused = Untraceable(
-            f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode{where}: "
-            f"{type(error).__name__}: {error}. Declared submodules are never traced into, so "
-            "declare the submodule that holds this code (`wrap(model, frozen=[...])`), make the "
-            "call traceable (no Python control flow on tensor values), or wrap just the "
-            "submodule you want to remember — `model.encoder = somatize.torch.wrap("
-            "model.encoder, frozen=True, cached=True)` — which needs no tracing"
-        )
-        refused.branched = branched
-        refused.where = where
+        refused = _refusal(error, model, tracer, training)
+        refused.read = noted
         raise refused from error
     if noted.wrote:
         wrote, _ = next(iter(noted.wrote.values()))
@@ -1044,6 +981,78 @@ def _line_at(found: list[dis.Instruction], at: int) -> int | None:
         if type(one.starts_line) is int:
             return one.starts_line
     return None
+
+
+def _refusal(error: Exception, model: nn.Module, tracer: _Tracer, training: bool) -> Untraceable:
+    """What refuses ``model``'s forward where fx stopped tracing it in mode ``training``
+    with ``error``, saying where and what to do."""
+    frames = [
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if not in_torch(f.filename) and f.filename not in _WRAPPING
+    ]
+    where = (
+        f" at {frames[-1].filename}:{frames[-1].lineno} (`{(frames[-1].line or '').strip()}`)"
+        if frames
+        else ""
+    )
+    mode = "train" if training else "eval"
+    branched = tracer.branched if isinstance(error, torch.fx.proxy.TraceError) else None
+    if isinstance(error, Fixed):
+        return _stops(
+            Untraceable(
+                f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
+                f"{where}: it {error}. Declared submodules are never traced into, so declare "
+                "the submodule that holds this code, or wrap just the submodule you want to "
+                "remember — `model.encoder = somatize.torch.wrap(model.encoder, frozen=True, "
+                "cached=True)`, or `somatize.torch.cache_rows(model.encoder, ...)` — which "
+                "needs no tracing and leaves this forward to run as it is written"
+            )
+        )
+    if isinstance(error, torch.fx.proxy.TraceError) and tracer.iterated is not None:
+        return _stops(
+            Untraceable(
+                f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
+                f"{where}: it iterates over {tracer.iterated}, whose length fx does not "
+                "know: it stands in for what a module answers while it traces. Take its "
+                "items by index or key (`out[0] + out[1]`, `out['h']`), or unpack as many "
+                "as it holds (`a, b = self.encoder(x)`), declare the submodule that holds "
+                "this code, or wrap just the submodule you want to remember — `model.encoder = "
+                "somatize.torch.wrap(model.encoder, frozen=True, cached=True)` — which "
+                "needs no tracing"
+            )
+        )
+    tensors = tracer.tensors if isinstance(error, torch.fx.proxy.TraceError) else frozenset()
+    if tensors:
+        shown = ", ".join(f"`{name}`" for name in sorted(tensors))
+        refused = Untraceable(
+            f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode"
+            f"{where}: it branches on the shape, size or value of {shown}, a tensor "
+            f"({type(error).__name__}: {error}), and fx cannot follow a branch on a "
+            "tensor's shape, size or value: it stands in for the tensor as it traces, "
+            "with no shape or values to pick a side by. Make the shape static (drop the "
+            "check, or check it before calling the model), write the branch as tensor "
+            "code (`torch.where`), declare the submodule that holds this code "
+            "(`wrap(model, frozen=[...])`; declared submodules are never traced into), "
+            "or wrap just the submodule you want to remember — `model.encoder = "
+            "somatize.torch.wrap(model.encoder, frozen=True, cached=True)` — which needs "
+            "no tracing"
+        )
+        refused.branched = branched
+        refused.tensors = tensors
+        refused.where = where
+        return refused
+    refused = Untraceable(
+        f"torch.fx cannot trace `{type(model).__qualname__}.forward` in {mode} mode{where}: "
+        f"{type(error).__name__}: {error}. Declared submodules are never traced into, so "
+        "declare the submodule that holds this code (`wrap(model, frozen=[...])`), make the "
+        "call traceable (no Python control flow on tensor values), or wrap just the "
+        "submodule you want to remember — `model.encoder = somatize.torch.wrap("
+        "model.encoder, frozen=True, cached=True)` — which needs no tracing"
+    )
+    refused.branched = branched
+    refused.where = where
+    return refused
 
 
 def _stops(error: Untraceable) -> Untraceable:

@@ -322,6 +322,15 @@ class _World:
         return untied(model, self.aliases) is None
 
 
+def _refused_only(world: _World) -> bool:
+    """Whether ``world`` holds no trace fx took: none yet, or only a call refused in both
+    modes (kept to refuse the same call at once): one to take the traces of other values in
+    its place, not counted among those the model keeps."""
+    return not any(
+        isinstance(runner, nn.Module) for each in world.runners.values() for runner in each.values()
+    )
+
+
 class _Untraced(Values):
     """What a wrapped model watches while no trace was taken for the values the plain
     objects its modules hold hold now: any call looks for the traces for those it holds
@@ -508,7 +517,7 @@ class Tracing:
         (those the forward branches on fixed at their values there), traced in both modes;
         the first trace raises Untraceable where the mode the model is in cannot be traced,
         any other keeps it as that mode's runner where the other mode was traced (one
-        refused in both is kept by neither: the next call traces again). What a trace went
+        refused in both is kept only as :meth:`_keep_refused` says). What a trace went
         through and read is taken in once both modes are cut, not from a trace refused. A
         trace fx cannot take because the forward branches on (or iterates over) an argument
         a call gives a plain value is taken again with it fixed at that value, and so is
@@ -604,10 +613,26 @@ class Tracing:
         self.entering = self.entering or entering
         if noted:
             self.runners[key] = runners
-        # Else fx refused both modes: the refusal is not kept, since what it hangs on (a
-        # config's flag) may be read by no trace kept, and so watched by none; the next
-        # call traces again, for the values it finds then.
+        else:
+            self._keep_refused(key, runners)
         return runners
+
+    def _keep_refused(self, key: Key, runners: Runners) -> None:
+        """Keeps ``runners``, both refused by fx, for ``key`` in a set of traces that holds
+        no other yet (one for values of the config traced for nothing yet), with what the
+        refused traces read before fx stopped: watched so, a call while the config holds
+        those values is refused at once, and one after it changed looks for the traces
+        for its new values. Where what they read is not known, or that set holds other
+        traces (whose watch it would widen), the refusal is not kept: the next call
+        traces again, for the values it finds then."""
+        world = self.world
+        reads = [refused.read for refused in runners.values() if isinstance(refused, Untraceable)]
+        if world.read is not None or self.runners or not all(reads):
+            return
+        world.read = Noted(self.model)
+        for read in reads:
+            world.read.merge(read)
+        self.runners[key] = runners
 
     def _to_fix(
         self,
@@ -1003,7 +1028,7 @@ class Tracing:
         if self._enter_one_held(world for world in worlds if world is not was) is not None:
             return
         limit: int = self.wrapped.TRACES_PER_VALUE
-        if len([world for world in worlds if world.read is not None]) >= limit:
+        if len([world for world in worlds if not _refused_only(world)]) >= limit:
             self._enter(was)
             if not was.holds(self.model):
                 # Its traces are not the forward's: every call looks for others, refused.
@@ -1018,13 +1043,14 @@ class Tracing:
                 "to call in a buffer (`self.register_buffer(...)`) or hand it as a tensor, or "
                 "raise `Wrapped.TRACES_PER_VALUE` on this wrapped model"
             ) from None
-        empty = [one for one in worlds if one.read is None]
+        empty = [one for one in worlds if _refused_only(one)]
         world = empty[0] if empty else _World({}, made)
         if not empty:
             self.worlds.append(world)
         # What fx refused there was refused for the values the config held then: the
         # values it holds now are traced afresh.
         world.runners.clear()
+        world.read = None
         self._enter(world)
 
     def _worlds_here(self) -> list[_World]:
@@ -1115,6 +1141,7 @@ def _with_none(error: Untraceable, said: str) -> Untraceable:
     told.__cause__ = error.__cause__
     told.branched = error.branched
     told.tensors = error.tensors
+    told.read = error.read
     return told
 
 
@@ -1132,6 +1159,7 @@ def _past(stopped: Untraceable, first: Untraceable, every: frozenset[str]) -> Un
     told.branched = stopped.branched
     told.tensors = stopped.tensors
     told.where = stopped.where
+    told.read = stopped.read
     return told
 
 

@@ -24,6 +24,7 @@ from tests.test_torch_wrap import (
     Blocked,
     Fails,
     FailsInferring,
+    IteratesByConfig,
     IteratesByConfigInTrain,
     MakesConstants,
     Mixed,
@@ -39,6 +40,7 @@ from tests.test_torch_wrap import (
     _modes,
     cached_as,
     default_edited,
+    refused_again_untraced,
     refused_in_train_until_set_back,
     while_another_thread_exports,
 )
@@ -676,6 +678,18 @@ def test_a_compiled_call_in_a_mode_fx_refused_for_a_config_is_refused_or_runs_as
     monkeypatch.setitem(defining, "wrapped", wrapped)
     monkeypatch.setitem(defining, "compiled", compiled)
     refused_in_train_until_set_back(model, wrapped, compiled)
+    torch._dynamo.reset()
+
+
+def test_a_compiled_call_fx_cannot_trace_for_a_config_is_refused_again_without_a_trace(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled, a call fx cannot trace in either mode for what the config holds is
+    refused again without tracing it again while the config holds the same, as an eager
+    one is; set back, or changed to other values fx can trace, it runs as the model does."""
+    model, _, compiled = _compiled(IteratesByConfig, tmp_path, monkeypatch)
+    assert isinstance(model, IteratesByConfig)
+    refused_again_untraced(model, compiled, monkeypatch)
     torch._dynamo.reset()
 
 

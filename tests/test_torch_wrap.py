@@ -9816,6 +9816,51 @@ def test_a_config_change_fx_cannot_trace_is_refused_until_set_back(store: Store)
         assert not torch.equal(model(x), first)
 
 
+def test_a_call_fx_cannot_trace_for_a_config_is_refused_again_without_a_trace(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call fx cannot trace in either mode for what the config holds is refused again
+    without tracing it again while the config holds the same; set back, or changed to
+    other values fx can trace, it runs as the model does."""
+    wrapped, model = _encoder_cached(IteratesByConfig, store)
+    refused_again_untraced(model, wrapped, monkeypatch)
+
+
+def refused_again_untraced(
+    model: IteratesByConfig, call: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``call`` (a wrapped ``model``, or it compiled), refused naming the line where the
+    config's flag is set, traces nothing at the refusals after the first; it answers as the
+    model with the flag set back, and with another scale."""
+    traces: list[bool] = []
+    real = _tracing._traced
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        traces.append(True)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_tracing, "_traced", counted)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        assert torch.equal(call(x), model(x))
+        model.config.flag = True
+        with pytest.raises(smt.Untraceable, match=r"return tuple\(h\)"):
+            call(x)
+        traces.clear()
+        for _ in range(2):
+            with pytest.raises(smt.Untraceable, match=r"return tuple\(h\)"):
+                call(x)
+        assert traces == []
+        model.config.flag = False
+        assert torch.equal(call(x), model(x))
+        model.config.flag = True
+        with pytest.raises(smt.Untraceable, match=r"return tuple\(h\)"):
+            call(x)
+        model.config.flag, model.config.scale = False, 3.0
+        assert torch.equal(call(x), model(x))
+        assert traces  # the new scale was traced
+
+
 class IteratesByConfigWhenNone(IteratesByConfig):
     """Reads its config only where a call leaves `mask` None: the first trace, `mask`
     given, reads none of it."""
