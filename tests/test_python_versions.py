@@ -27,6 +27,12 @@ def test_a_fingerprint_is_the_same_under_every_python_version(name: str, fingerp
     assert fingerprint_of(getattr(versions_nodes, name)) == fingerprint
 
 
+def test_an_enum_a_node_names_has_the_same_fingerprint_under_python_3_11_to_3_13() -> None:
+    """Pinned: `enum` sets a function of its own on every enum, which Python 3.12 writes
+    otherwise than 3.11. It is Python's code, not the node's, so it is named by its name."""
+    assert fingerprint_of(versions_nodes.Chooses) == "sha256:5acf9f78a9739d54"
+
+
 def test_a_function_dataclasses_lends_a_dataclass_node_is_not_its_code() -> None:
     """Python 3.13 sets dataclasses' own function as every dataclass's `__replace__`: the
     standard library's code, which no edit of the class changes."""

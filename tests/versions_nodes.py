@@ -5,6 +5,7 @@ by ``tests/test_python_versions.py``."""
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any
 
 from somatize import Node
@@ -40,3 +41,18 @@ class Settled(Node):
     def forward(self, x: Any, ctx: Any) -> Any:
         first, *rest = self.tags
         return x * self.by, first, rest
+
+
+class Speed(enum.Enum):
+    """An enum: `enum` sets its own `_generate_next_value_` on it, written otherwise by each
+    Python version (a plain function in 3.11, a static method over other text in 3.12)."""
+
+    FAST = 1
+    SLOW = 2
+
+
+class Chooses(Node):
+    """A node naming an enum of its module."""
+
+    def forward(self, x: Any, ctx: Any) -> Any:
+        return x * Speed.FAST.value

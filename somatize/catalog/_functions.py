@@ -30,6 +30,7 @@ from somatize.catalog._members import (
     _PARTIALS,
     _exactly_plain,
     _left_out,
+    _of_the_standard_library,
     _plain,
     _put,
     _Same,
@@ -152,6 +153,10 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
     alike in every process running the Python version), its default values, and what it
     closes over (:func:`_cell_bytes`; ``within``: the functions being digested around it,
     which one that closes over itself names)."""
+    if _of_the_standard_library(function):
+        # Python's own (what `enum` sets on an enum: `_generate_next_value_`) is written
+        # otherwise by each Python version, and is no code of the node's: named by its name.
+        return b"standard " + qualified(function).encode()
     made_of = _made_of(function)
     found = _FUNCTIONS.get(function)
     if found is not None and found[0] == made_of:

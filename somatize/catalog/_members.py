@@ -59,6 +59,15 @@ def _left_out(kind: type) -> bool:
     return kind is Node or top in sys.stdlib_module_names or top in _LEFT_OUT
 
 
+def _of_the_standard_library(value: Any) -> bool:
+    """Whether ``value`` is defined in Python's standard library (its ``__module__``)."""
+    module = getattr(value, "__module__", None)
+    return isinstance(module, str) and module.partition(".")[0] in _STANDARD
+
+
+_STANDARD = frozenset(sys.stdlib_module_names) | {"builtins"}
+
+
 def _somatize_own(kind: type) -> bool:
     """Whether ``kind`` is a class of somatize's own packages, which a node's module or class
     may hold an object of (a codec): written the same wherever the same version runs."""

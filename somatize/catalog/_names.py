@@ -78,6 +78,7 @@ from somatize.catalog._members import (
     _functions_in,
     _joined,
     _left_out,
+    _of_the_standard_library,
     _plain,
     _read_through,
     _Same,
@@ -518,6 +519,8 @@ def _class_code(kind: type) -> bytes:
                 else:
                     said = _function_bytes(function)
                 pieces.append(f"{above.__qualname__}.{name}".encode() + said)
+            if _enum_own(above, name):
+                continue
             if not _dunder(name) and _plain(member):
                 pieces.append(f"{above.__qualname__}.{name}=".encode() + _constant_bytes(member))
             elif not _dunder(name) and _value_base(type(member)) and type(member) is not above:
@@ -541,6 +544,13 @@ def _class_code(kind: type) -> bytes:
             maker = _opaque_bytes(factory) or _token_of(factory)
         pieces.append(f"{kind.__qualname__}.{name}()=".encode() + maker)
     return _joined(b"class", pieces)
+
+
+def _enum_own(kind: type, name: str) -> bool:
+    """Whether ``name`` is one `enum` keeps on the enum ``kind`` as it makes it: a plain
+    ``_sunder_`` value each Python version sets otherwise (`_use_args_` from 3.11 on)."""
+    sunder = name.startswith("_") and name.endswith("_") and not _dunder(name)
+    return sunder and issubclass(kind, enum.Enum) and _plain(vars(kind)[name])
 
 
 def _helper_class_bytes(kind: type) -> bytes:
@@ -779,15 +789,6 @@ _NAMES_IN: weakref.WeakKeyDictionary[CodeType, frozenset[str]] = weakref.WeakKey
 _ATTRIBUTES_READ: weakref.WeakKeyDictionary[CodeType, frozenset[str]] = weakref.WeakKeyDictionary()
 """A function's code → the names it reads as attributes (:func:`_attributes_read`), worked
 out once: torch's own classes are looked through at each fingerprint worked out."""
-
-
-def _of_the_standard_library(value: Any) -> bool:
-    """Whether ``value`` is defined in Python's standard library (its ``__module__``)."""
-    module = getattr(value, "__module__", None)
-    return isinstance(module, str) and module.partition(".")[0] in _STANDARD
-
-
-_STANDARD = frozenset(sys.stdlib_module_names) | {"builtins"}
 
 
 def _torch_name(module: str) -> bool:
