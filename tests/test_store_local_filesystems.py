@@ -10,12 +10,13 @@ import errno
 import mmap
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from somatize.store import Corrupt, LocalStore
+from somatize.store import Corrupt, LocalStore, StoreError
 
 LARGE = bytes(range(256)) * 1000
 """A blob large enough (over 64 KiB) that a store would map it."""
@@ -54,17 +55,23 @@ def test_a_blob_damaged_on_a_filesystem_that_maps_no_files_is_found_so(
         LocalStore(tmp_path / "s").local_blob(digest)
 
 
-def test_a_durable_store_on_a_filesystem_that_syncs_no_folders_keeps_answers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _fsync_fails_on(monkeypatch: pytest.MonkeyPatch, kind: Callable[[int], bool]) -> None:
+    """Makes ``fsync`` of what ``kind`` says of its mode (a folder, a file) fail with EINVAL,
+    as it does on a filesystem that syncs none of them."""
     real = os.fsync
 
     def fsync(fd: int) -> None:
-        if stat.S_ISDIR(os.fstat(fd).st_mode):
+        if kind(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
         real(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_a_durable_store_on_a_filesystem_that_syncs_no_folders_keeps_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fsync_fails_on(monkeypatch, stat.S_ISDIR)
     store = LocalStore(tmp_path / "s", durable=True)
     store.keep(KEY, LARGE, "plain")
     store.keep(OTHER, LARGE, "plain")  # its blob found there, synced with its folders
@@ -73,3 +80,36 @@ def test_a_durable_store_on_a_filesystem_that_syncs_no_folders_keeps_answers(
     assert fresh.have([KEY, OTHER]) == {KEY, OTHER}
     assert bytes(fresh.recall(OTHER)[1]) == LARGE
     assert bytes(fresh.get(fresh.resolve("data/v1"))) == b"named"
+
+
+def _streamed(store: LocalStore) -> None:
+    store.put(iter([LARGE] * 40))  # past what is held, so written to tmp/ as it comes
+
+
+def _joined(store: LocalStore) -> None:
+    with store.open_joined("plain") as joined:
+        joined.add([KEY, OTHER], LARGE + LARGE, [len(LARGE), len(LARGE)])
+
+
+def _found_there(store: LocalStore) -> None:
+    LocalStore(store.root).put(LARGE)  # written by a store that does not sync
+    store.keep(KEY, LARGE, "plain")
+
+
+@pytest.mark.parametrize(
+    "keeps",
+    [lambda s: s.keep(KEY, LARGE, "plain"), _streamed, _joined, _found_there],
+    ids=["keep", "streamed", "joined", "found-there"],
+)
+def test_a_durable_store_on_a_filesystem_that_syncs_no_files_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keeps: Any
+) -> None:
+    store = LocalStore(tmp_path / "s", durable=True)
+    _fsync_fails_on(monkeypatch, stat.S_ISREG)
+    with pytest.raises(StoreError, match=r"cannot sync files.*without durable=True") as said:
+        keeps(store)
+    assert "filesystem that syncs files" in str(said.value)
+    monkeypatch.undo()
+    fresh = LocalStore(tmp_path / "s")
+    assert fresh.have([KEY, OTHER]) == set()
+    assert list((tmp_path / "s" / "tmp").iterdir()) == []

@@ -107,6 +107,8 @@ OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
 may: no fault of the store's."""
 _NO_FOLDER_SYNC = (errno.EINVAL, errno.EBADF, errno.ENOTSUP)
 """What ``fsync`` of a folder raises on a filesystem that syncs no folders."""
+_NO_FILE_SYNC = (errno.EINVAL, errno.ENOTSUP)
+"""What ``fsync`` of a file raises on a filesystem that syncs no files (some FUSE mounts)."""
 
 _CLOSE_FILES = (
     "this process has as many files open as it may, which is no fault of the store. Raise "
@@ -129,6 +131,22 @@ ONE_FILESYSTEM = (
     "filesystem: move or link the store's whole directory instead"
 )
 """What a write or a move says when a rename would cross filesystems (EXDEV)."""
+
+
+class NoFileSync(OSError):
+    """``fsync`` of a file this store wrote, refused by a filesystem that syncs no files
+    (:data:`_NO_FILE_SYNC`): a durable store cannot keep anything there."""
+
+
+def sync_file(handle: int) -> None:
+    """Syncs the file open at ``handle``; :class:`NoFileSync` where the filesystem syncs no
+    files, which "Invalid argument" alone would not tell."""
+    try:
+        os.fsync(handle)
+    except OSError as why:
+        if why.errno in _NO_FILE_SYNC:
+            raise NoFileSync(why.errno, why.strerror, why.filename) from why
+        raise
 
 
 def _hashers() -> ThreadPoolExecutor:
@@ -367,7 +385,7 @@ class LocalFiles(PackedHome):
                     out.write(piece)
                 out.flush()
                 if self.durable:
-                    os.fsync(out.fileno())
+                    sync_file(out.fileno())
                 return os.fstat(out.fileno())
         except OSError as why:
             raise self._unwritten(temporary, target, why) from why
@@ -521,6 +539,13 @@ class LocalFiles(PackedHome):
             )
         if why.errno == errno.EXDEV:
             return StoreError(f"could not write {where} into {self.root}: {ONE_FILESYSTEM}")
+        if isinstance(why, NoFileSync):
+            return StoreError(
+                f"could not write {where} into {self.root}: its filesystem cannot sync files "
+                f"(`fsync` of a file fails: {why.strerror}), and a store opened with "
+                "durable=True syncs every file it writes. Nothing was kept. Open the store "
+                "without durable=True, or keep it on a filesystem that syncs files"
+            )
         if why.errno in OUT_OF_FILES:
             return StoreError(
                 f"could not write {where} into {self.root} ({why.strerror}): {_CLOSE_FILES}. "
@@ -623,7 +648,7 @@ class LocalFiles(PackedHome):
                             size += len(run)
                     out.flush()
                     if self.durable:
-                        os.fsync(out.fileno())
+                        sync_file(out.fileno())
             except BaseException as why:  # the iterator raised, or the write failed or stopped
                 with contextlib.suppress(OSError):
                     os.unlink(temporary)
@@ -783,7 +808,7 @@ class LocalFiles(PackedHome):
             if self._synced.get(target) != (found.st_ino, found.st_ctime_ns):
                 handle = os.open(target, os.O_RDONLY)
                 try:
-                    os.fsync(handle)
+                    sync_file(handle)
                 finally:
                     os.close(handle)
                 self._sync_folders(target, above=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from somatize.store import records
-from somatize.store._local_files import _RUN, LocalFiles
+from somatize.store._local_files import _RUN, LocalFiles, sync_file
 from somatize.store._packed import hasher_for, steady_runs
 from somatize.store.base import Buffer, JoinedWrite
 from somatize.store.records import PACK_ITEM_BELOW, index_pack, pack_entries, span_of
@@ -141,7 +141,7 @@ class StreamedJoin(JoinedWrite):
                 try:
                     pack.out.flush()
                     if home.durable:
-                        os.fsync(pack.out.fileno())
+                        sync_file(pack.out.fileno())
                 finally:
                     pack.out.close()
             except OSError as why:
