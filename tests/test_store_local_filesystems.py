@@ -16,7 +16,9 @@ from typing import Any
 
 import pytest
 
+from somatize import Graph, Store
 from somatize.store import Corrupt, LocalStore, StoreError
+from tests.nodes import Largest, Scale
 
 LARGE = bytes(range(256)) * 1000
 """A blob large enough (over 64 KiB) that a store would map it."""
@@ -113,3 +115,63 @@ def test_a_durable_store_on_a_filesystem_that_syncs_no_files_says_so(
     fresh = LocalStore(tmp_path / "s")
     assert fresh.have([KEY, OTHER]) == set()
     assert list((tmp_path / "s" / "tmp").iterdir()) == []
+
+
+def _on_another_disk(monkeypatch: pytest.MonkeyPatch, disk: Path) -> None:
+    """Makes the folder ``disk`` (and all under it) seem on another filesystem: its
+    ``st_dev`` is another, and a rename out of it or into it fails with EXDEV."""
+    real_stat, real_replace = os.stat, os.replace
+
+    def on_disk(path: Any) -> bool:
+        return Path(os.path.realpath(path)).is_relative_to(disk)
+
+    class _Elsewhere:
+        def __init__(self, found: os.stat_result) -> None:
+            self._found = found
+            self.st_dev = found.st_dev + 1
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._found, name)
+
+    def stat_of(path: Any, *args: Any, **kwargs: Any) -> Any:
+        found = real_stat(path, *args, **kwargs)
+        return _Elsewhere(found) if isinstance(path, (str, Path)) and on_disk(path) else found
+
+    def replace(source: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        if on_disk(source) != on_disk(os.path.dirname(target)):
+            raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), os.fspath(source))
+        real_replace(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat_of)
+    monkeypatch.setattr(os, "replace", replace)
+
+
+@pytest.mark.parametrize("section", ["tmp", "blobs", "answers", "packs"])
+def test_a_store_with_a_folder_on_another_filesystem_refuses_keeping_before_any_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, section: str
+) -> None:
+    """A folder of the store a symlink to another disk: no keep could succeed, so the store
+    says it is not writable, and a forward is refused before its node runs, naming that
+    folder. What the store holds is still read."""
+    root = tmp_path / "store"
+    largest = Largest().named("largest").frozen().cached()
+    g = Graph.somatize(Scale().named("scale").frozen() >> largest)
+    assert g.forward([1.0, 2.0], store=Store(root)) == 4.0
+    disk = tmp_path / "disk"
+    (root / section).rename(disk)
+    (root / section).symlink_to(disk)
+    _on_another_disk(monkeypatch, disk)
+    store = Store(root)
+    assert store.writable() is False
+    with pytest.raises(StoreError, match=rf"its {section}/ is on another filesystem"):
+        g.forward([1.0, 3.0], store=store)
+    assert largest.calls == 1
+    # A write through that folder says so too (a pack's index goes to packs/).
+    with pytest.raises(StoreError, match=r"must all be on one filesystem"):
+        if section == "packs":
+            store.keep_many([(KEY, b"an answer"), (OTHER, b"another")], "plain")
+        else:
+            store.keep(KEY, b"an answer", "plain")
+    assert store.have([KEY, OTHER]) == set()
+    assert g.forward([1.0, 2.0], store=store) == 4.0
+    assert largest.calls == 1

@@ -131,6 +131,9 @@ ONE_FILESYSTEM = (
     "filesystem: move or link the store's whole directory instead"
 )
 """What a write or a move says when a rename would cross filesystems (EXDEV)."""
+SECTIONS_WRITTEN = ("blobs", "names", "answers", "packs", "tmp")
+"""The folders of a store that files written in ``tmp/`` are renamed into, and ``tmp/``:
+a store opened writable makes them where they are missing."""
 
 
 class NoFileSync(OSError):
@@ -429,11 +432,15 @@ class LocalFiles(PackedHome):
         return not self.read_only and self._unwritable() is None
 
     def _unwritable(self) -> OSError | None:
-        """An empty file is made in ``tmp/`` (and ``tmp/`` first where it is missing) and
-        removed: why it could not be, if that is refused as on a read-only disk
-        (:data:`_READ_ONLY`), or the store's directory is gone (every write is refused
-        then, see :meth:`_gone`); None otherwise — another failure (no inode left) says
-        nothing of what later writes may do."""
+        """Why no keep here can succeed: a folder of the store on another filesystem
+        (:meth:`_across_filesystems`); or an empty file made in ``tmp/`` (and ``tmp/``
+        first where it is missing) and removed, refused as on a read-only disk
+        (:data:`_READ_ONLY`), or the store's directory gone (every write is refused then,
+        see :meth:`_gone`). None otherwise — another failure (no inode left) says nothing
+        of what later writes may do."""
+        across = self._across_filesystems()
+        if across is not None:
+            return across
         with self._in_tmp(".part") as name:
             probe = self._tmp + name
             try:
@@ -445,6 +452,32 @@ class LocalFiles(PackedHome):
                 return None
             with contextlib.suppress(OSError):
                 os.unlink(probe)
+        return None
+
+    def _across_filesystems(self) -> StoreError | None:
+        """The error for a store one of whose folders (:data:`SECTIONS_WRITTEN`) is on
+        another filesystem than its directory (a symlink to another disk): no file written
+        in ``tmp/`` could be renamed into it (EXDEV), so every keep would fail, after its
+        answer was computed. One ``stat`` a folder; a missing one is made when needed, in
+        the store's directory."""
+        try:
+            home = os.stat(self.root).st_dev
+        except OSError:
+            return None  # gone, or not to be looked at: what a write then says, it says
+        for section in SECTIONS_WRITTEN:
+            try:
+                elsewhere = os.stat(self.root / section).st_dev != home
+            except OSError:
+                continue
+            if elsewhere:
+                return StoreError(
+                    f"cannot keep answers in {self.root}: its {section}/ is on another "
+                    f"filesystem than the store's directory ({section}/ a symlink to another "
+                    "disk?), and a file written in tmp/ cannot be renamed from one to the "
+                    "other. Nothing was changed; it can still be read. A store's folders "
+                    "must all be on one filesystem: move or link the store's whole directory "
+                    "instead"
+                )
         return None
 
     def _refused_keeping(self) -> StoreError | None:
@@ -459,6 +492,8 @@ class LocalFiles(PackedHome):
             return gone
         if not self._may_write:
             why = self._unwritable()
+            if isinstance(why, StoreError):  # said already (a folder on another filesystem)
+                return why
             if why is not None:
                 return self._unwritten(None, None, why)
             self._may_write = True

@@ -63,6 +63,7 @@ from typing import Any
 from somatize._threads import hash_read
 from somatize.store._local_files import (
     _READ_ONLY,
+    SECTIONS_WRITTEN,
     NotAFile,
     Stamp,
     _open_regular,
@@ -119,9 +120,6 @@ behind, where it keeps times of whole seconds (FAT's tick is two)."""
 _FINE_TICK = 50_000_000
 """The same, where it keeps times finer than a second (ext4, xfs, btrfs, APFS, NTFS): they
 take them from a clock of the kernel's that moves at least every 10 ms."""
-
-_SECTIONS_MADE = ("blobs", "names", "answers", "packs", "tmp")
-"""The folders a store opened writable makes, where they are missing."""
 
 _MAPS_SHARED = 16
 """How many read-only mappings of large blobs a store keeps between reads that only
@@ -361,7 +359,7 @@ class LocalStore(LocalShelf):
         # What is left of an earlier store emptied by its upkeep is read as it is, its
         # folders made as a write needs them: made now, they would make a user's folder
         # that holds the same look like a store to a later gc.
-        made = () if kind == "emptied" or self.read_only else _SECTIONS_MADE
+        made = () if kind == "emptied" or self.read_only else SECTIONS_WRITTEN
         for part in made:
             try:
                 (self.root / part).mkdir(parents=True, exist_ok=True)
