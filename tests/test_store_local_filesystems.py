@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from somatize import Graph, Store
-from somatize.store import Corrupt, LocalStore, StoreError
+from somatize.store import BadAddress, Corrupt, LocalStore, StoreError
 from tests.nodes import Largest, Scale
 
 LARGE = bytes(range(256)) * 1000
@@ -175,3 +175,52 @@ def test_a_store_with_a_folder_on_another_filesystem_refuses_keeping_before_any_
     assert store.have([KEY, OTHER]) == set()
     assert g.forward([1.0, 2.0], store=store) == 4.0
     assert largest.calls == 1
+
+
+def _path_of_length(base: Path, length: int) -> Path:
+    """A path under ``base`` exactly ``length`` bytes long, in folders of at most 200."""
+    path = str(base)
+    while len(path) < length - 201:
+        path = os.path.join(path, "d" * 199)
+    return Path(path, "e" * (length - len(path) - 1))
+
+
+def _longest_root() -> int:
+    """The longest store directory this system leaves room under: PATH_MAX, less its NUL,
+    less the longest path a store makes below its directory, a record set aside (counted
+    here, as `quarantine/answers/ab_<64 hex>.<19 digits of time_ns>`)."""
+    below = len("/quarantine/answers/ab_") + 64 + len(".") + 19
+    return os.pathconf("/", "PC_PATH_MAX") - 1 - below
+
+
+def test_a_store_at_the_longest_path_there_is_room_under_works_fully(tmp_path: Path) -> None:
+    root = _path_of_length(tmp_path, _longest_root())
+    store = LocalStore(root)
+    store.keep(KEY, LARGE, "plain")
+    store.keep_many([(OTHER, b"packed"), ("blake3:" + "ef" * 32, b"also")], "plain")
+    store.bind("v1", store.put(b"named"))
+    store.answer_path(KEY).write_bytes(b"damaged")
+    found = LocalStore(root).verify(quarantine=True)
+    assert [(damage.section, damage.name) for damage in found.damaged] == [
+        ("answers", f"{KEY[7:9]}/{KEY[7:]}")
+    ]
+    assert len(list((root / "quarantine" / "answers").iterdir())) == 1
+    fresh = LocalStore(root)
+    assert fresh.have([KEY, OTHER]) == {OTHER}
+    assert bytes(fresh.recall(OTHER)[1]) == b"packed"
+    assert fresh.gc(grace=0).blobs == 1  # KEY's blob, its record set aside
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_store_whose_path_leaves_no_room_for_its_files_is_refused_at_open(
+    tmp_path: Path, read_only: bool
+) -> None:
+    longest = _longest_root()
+    root = _path_of_length(tmp_path, longest + 1)
+    root.mkdir(parents=True)
+    limit = os.pathconf("/", "PC_PATH_MAX")
+    with pytest.raises(BadAddress, match=r"too long for the files the store makes") as said:
+        LocalStore(root, read_only=read_only)
+    assert f"at most {limit - 1} bytes" in str(said.value)
+    assert f"at most {longest} bytes long; this one is {longest + 1}" in str(said.value)
+    assert "shorter path" in str(said.value)

@@ -121,6 +121,10 @@ _FINE_TICK = 50_000_000
 """The same, where it keeps times finer than a second (ext4, xfs, btrfs, APFS, NTFS): they
 take them from a clock of the kernel's that moves at least every 10 ms."""
 
+_LONGEST_MADE = os.path.join("quarantine", "answers", f"ab_{'0' * 64}.{2**63}")
+"""The longest path under its directory of a file a store makes: a record ``verify`` sets
+aside, stamped with the time in nanoseconds. A name bound is as long as its caller makes it."""
+
 _MAPS_SHARED = 16
 """How many read-only mappings of large blobs a store keeps between reads that only
 borrow them (``recall_many(..., borrow=True)``: a per-row cache reading the pack its next
@@ -327,6 +331,7 @@ class LocalStore(LocalShelf):
             self.root = root if root.is_absolute() else Path(current_directory(text), root)
         except RuntimeError:  # ~user names no user this system knows, or no home is known
             raise no_home(os.fspath(path), os.fspath(path)) from None
+        _check_room_below(self.root)
         # Where the path leads, `..` and links followed: the folders it names may pass
         # through another store's section on the way out, or reach into one by a link.
         real = Path(os.path.realpath(self.root))  # a link loop is left for mkdir to report
@@ -986,6 +991,44 @@ def _keep_out_of_git(root: Path) -> None:
             handle.write(GITIGNORE)
     except OSError:
         pass
+
+
+def _check_room_below(root: Path) -> None:
+    """Refuses a store's ``root`` whose path fits the system's limit on a path's length, but
+    leaves no room below it for the files the store makes: every keep would fail then, with
+    "File name too long" and no word of why."""
+    limit = _path_limit(root)
+    if limit is None:
+        return
+    below = len(os.fsencode(os.sep + _LONGEST_MADE))
+    length = len(os.fsencode(root))
+    most = limit - 1 - below  # the limit counts the NUL that ends a path
+    if length <= most:
+        return
+    raise BadAddress(
+        f"cannot open a store at {root}: its path is too long for the files the store makes "
+        f"in it. This system takes paths of at most {limit - 1} bytes (PATH_MAX is {limit}), "
+        f"and a store's files lie up to {below} bytes below its directory, so that "
+        f"directory's path may be at most {most} bytes long; this one is {length}. Open the "
+        "store at a shorter path (a symlink to the directory placed higher up will do)"
+    )
+
+
+def _path_limit(root: Path) -> int | None:
+    """The longest path the system takes, in bytes with the NUL that ends it (PATH_MAX),
+    asked of the folder nearest ``root`` that is there; None where it sets none, or cannot
+    be asked (Windows)."""
+    if not hasattr(os, "pathconf"):
+        return None
+    for at in (root, *root.parents):
+        try:
+            limit = os.pathconf(at, "PC_PATH_MAX")
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except (OSError, ValueError):
+            return None
+        return limit if limit > 0 else None
+    return None
 
 
 def _check_links_lead_somewhere(root: Path) -> None:
