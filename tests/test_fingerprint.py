@@ -30,7 +30,7 @@ from unittest import mock
 import pytest
 
 from somatize import Drifted, Graph, Node, SomatizeWarning, Store, catalog
-from somatize.catalog import _marked, _marks, _watch, fingerprint_of
+from somatize.catalog import _marked, _marks, _members, _watch, fingerprint_of
 
 _MODULE = "tests.fingerprinted"
 
@@ -7917,3 +7917,46 @@ def test_a_layer_of_torchs_set_in_place_of_a_torch_function_is_in_the_fingerprin
     swapped = _fingerprints_in(tmp_path, "swapped.nodes", "Act", SOMATIZE_TEST_SWAP="layer")
     assert swapped != kept
     assert _fingerprints_in(tmp_path, "swapped.nodes", "Act", SOMATIZE_TEST_SWAP="layer") == swapped
+
+
+_NAMED_LIKE_PYTHON_S = """
+from somatize import Node
+
+def helper(x):
+    return x + {added}
+
+class Scales(Node):
+    def forward(self, x, ctx):
+        return helper(x) * {times}
+"""
+
+
+@pytest.mark.parametrize("name", ["mailbox", "calendar"])
+def test_a_node_in_a_module_of_the_user_s_named_like_one_of_python_s_is_the_user_s_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """A script of the user's named like a module of the standard library (`calendar.py`)
+    holds the user's code: an edit of its node or of a function it calls drifts the node,
+    where taken for Python's own it was read as nothing."""
+
+    def loaded(added: int, times: int) -> Any:
+        text = _NAMED_LIKE_PYTHON_S.format(added=added, times=times)
+        path = tmp_path / f"{name}.py"
+        _write(path, text)
+        module = types.ModuleType(name)
+        module.__file__ = str(path)
+        exec(compile(text, str(path), "exec"), module.__dict__)
+        monkeypatch.setitem(sys.modules, name, module)
+        return module
+
+    prints = [
+        fingerprint_of(loaded(added, times).Scales) for added, times in [(1, 1), (2, 1), (1, 2)]
+    ]
+    assert len(set(prints)) == 3
+    # Python's own module of that name, loaded again, is Python's again.
+    monkeypatch.delitem(sys.modules, name)
+    standard = importlib.import_module(name)
+    assert _members._of_the_standard_library(vars(standard)[_PYTHON_S_OWN[name]])
+
+
+_PYTHON_S_OWN = {"mailbox": "Maildir", "calendar": "Calendar"}

@@ -14,7 +14,10 @@ import collections
 import contextlib
 import functools
 import inspect
+import os
 import sys
+import sysconfig
+from pathlib import Path
 from types import (
     FunctionType,
     GetSetDescriptorType,
@@ -56,16 +59,66 @@ def _left_out(kind: type) -> bool:
     from somatize.node import Node
 
     top = kind.__module__.partition(".")[0]
-    return kind is Node or top in sys.stdlib_module_names or top in _LEFT_OUT
+    return kind is Node or top in _LEFT_OUT or _standard_module(top)
 
 
 def _of_the_standard_library(value: Any) -> bool:
-    """Whether ``value`` is defined in Python's standard library (its ``__module__``)."""
+    """Whether ``value`` is defined in Python's standard library (its ``__module__``, as
+    :func:`_standard_module` takes it)."""
     module = getattr(value, "__module__", None)
-    return isinstance(module, str) and module.partition(".")[0] in _STANDARD
+    return isinstance(module, str) and _standard_module(module.partition(".")[0])
+
+
+def _standard_module(top: str) -> bool:
+    """Whether the module loaded as ``top`` is Python's own: named as one of the standard
+    library's, and built in or loaded from where Python keeps it. A user's own module
+    named like one (``code.py``, ``mailbox.py``) is the user's code, whose edits drift the
+    nodes it holds."""
+    if top not in _STANDARD:
+        return False
+    loaded = sys.modules.get(top)
+    found = _STANDARD_LOADED.get(top)
+    if found is None or found[0] is not loaded:
+        found = _STANDARD_LOADED[top] = (loaded, _loaded_from_python(top, loaded))
+    return found[1]
 
 
 _STANDARD = frozenset(sys.stdlib_module_names) | {"builtins"}
+
+_STANDARD_LOADED: dict[str, tuple[Any, bool]] = {}
+"""A top module's name in :data:`_STANDARD` → the module loaded under it when it was looked
+at, and whether that one is Python's own."""
+
+
+def _loaded_from_python(top: str, loaded: Any) -> bool:
+    """Whether ``loaded``, the module loaded as ``top`` (None: none is), is Python's own:
+    built in (no file), or read from the standard library's folder, not from a user's
+    folder or from site-packages."""
+    if loaded is None:
+        return True  # no user's module under that name: Python's, loaded later or never
+    where = getattr(loaded, "__file__", None)
+    if where is None:
+        return top in sys.builtin_module_names or top == "builtins" or _frozen(loaded)
+    where = os.path.realpath(where)
+    return not _SITE.intersection(Path(where).parts) and any(
+        os.path.commonpath((where, folder)) == folder for folder in _STANDARD_FOLDERS
+    )
+
+
+def _frozen(loaded: Any) -> bool:
+    """Whether ``loaded`` is a module frozen into Python itself."""
+    spec = getattr(loaded, "__spec__", None)
+    return spec is not None and spec.origin in ("frozen", "built-in")
+
+
+_STANDARD_FOLDERS = tuple(
+    {os.path.realpath(sysconfig.get_paths()[which]) for which in ("stdlib", "platstdlib")}
+)
+"""Where Python keeps its standard library (in a virtual environment: the base Python's)."""
+
+_SITE = frozenset({"site-packages", "dist-packages"})
+"""The folders packages are installed in, which may lie in one of
+:data:`_STANDARD_FOLDERS`."""
 
 
 def _somatize_own(kind: type) -> bool:
