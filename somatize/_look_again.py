@@ -78,6 +78,8 @@ def look_again(graph: Graph) -> None:
     restated: dict[str, Node] = graph._restated
     kept = graph._kept
     named_like = graph._named_like
+    if graph._settled_watches:
+        _looked_at_settled(graph)
     if not unfixed and not restated and not kept and not named_like:
         return
     for name, made in graph._made_stale.items():
@@ -150,6 +152,21 @@ def look_again(graph: Graph) -> None:
             # Past what taking its declaration again told (a torch module declared in
             # another precision), which this graph has just followed.
             followed[name] = marks.moved
+
+
+def _looked_at_settled(graph: Graph) -> None:
+    """Takes back the state of each node settled by its ``settled_state()`` whose watch
+    (:func:`~somatize.node.watches_settled`) finds what it holds changed since: it is
+    refused where its key is needed, saying what changed, until it is settled again."""
+    changed = graph._changed_since_settled
+    memory = graph.memory
+    for name, watch in graph._settled_watches.items():
+        if name in changed or memory.state_of(name) is None:
+            continue
+        what = watch()
+        if what is not None:
+            changed[name] = what
+            memory.unsettle(name)
 
 
 def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> None:

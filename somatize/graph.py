@@ -115,6 +115,13 @@ class Graph:
         self._followed: dict[str, int] = {}
         """Each node of :attr:`_restated`, by name, with the count of changes it told
         (:attr:`~somatize.node.Marks.moved`) this graph last followed."""
+        self._settled_watches: dict[str, Callable[[], str | None]] = {}
+        """Nodes ``somatize.data.settle`` settled by their ``settled_state()`` that hold
+        state a library watches (a torch module's weights), by name, with the watch: asked
+        at every forward, since the node's own method is heard only when settling."""
+        self._changed_since_settled: dict[str, str] = {}
+        """Such nodes a watch found changed, with what changed, in words: refused where they
+        are keyed until they are settled again (plan.look_again)."""
         self._kept: dict[str, tuple[Node, list[tuple[str, Any]]]] = {}
         """Nodes keeping constructor arguments as attributes, by name, with what they were
         handed (see :meth:`~somatize.node.Node.kept_arguments`); an interned node's other
@@ -484,6 +491,20 @@ class Graph:
         """What ``name`` holds, in words, where a library says so and its class does not
         (:func:`somatize.node.state_held`)."""
         return state_held(self.node(name))
+
+    def changed_since_settled(self, name: str) -> str | None:
+        """What changed in ``name`` since ``somatize.data.settle`` settled it, in words, when
+        a forward found it changed; None otherwise."""
+        return self._changed_since_settled.get(name)
+
+    def watch_settled(self, name: str, watch: Callable[[], str | None] | None) -> None:
+        """Watches what ``name`` holds with ``watch`` (taken as it was settled), from its
+        next forward on; None: nothing it holds is watched."""
+        self._changed_since_settled.pop(name, None)
+        if watch is None:
+            self._settled_watches.pop(name, None)
+        else:
+            self._settled_watches[name] = watch
 
     def settles(self, name: str) -> bool:
         """Whether ``name`` says the state it is frozen at itself (``settled_state()``, as a

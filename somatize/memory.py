@@ -67,6 +67,8 @@ class Shape(Protocol):
 
     def state_held(self, node: NodeId) -> str | None: ...
 
+    def changed_since_settled(self, node: NodeId) -> str | None: ...
+
     def kind_of(self, node: NodeId) -> str: ...
 
     def defined_again(self, node: NodeId) -> bool: ...
@@ -149,6 +151,14 @@ class Memory:
     def is_frozen(self, node: NodeId) -> bool:
         """Whether ``node``'s state was said not to change."""
         return node in self._frozen
+
+    def unsettle(self, node: NodeId) -> None:
+        """Takes back the digest of the state a frozen ``node`` was settled at, which it no
+        longer holds: it stays frozen, and is refused where its key is needed until it is
+        settled again."""
+        if self._frozen.get(node) is not None:
+            self._frozen[node] = None
+            self.version += 1
 
     def state_of(self, node: NodeId) -> str | None:
         """The digest of the state it is frozen at, if it is frozen and has one."""
@@ -303,13 +313,26 @@ class NotSettled(_Rebuilt, MemoryError_):
 
     ``settles``: the node says its own state (``settled_state()``, as a data source
     does), so ``somatize.data.settle`` is what settles it. ``held``: what a library says
-    the node keeps (a module with weights, as an attribute of a plain node), in words."""
+    the node keeps (a module with weights, as an attribute of a plain node), in words.
+    ``changed``: what changed in the node since it was settled, in words."""
 
     def __init__(
-        self, node: NodeId, kind: str, settles: bool = False, held: str | None = None
+        self,
+        node: NodeId,
+        kind: str,
+        settles: bool = False,
+        held: str | None = None,
+        changed: str | None = None,
     ) -> None:
         self.node = node
-        if held is not None:
+        if changed is not None:
+            message = (
+                f"`{node}` is declared frozen and was settled, and since then {changed}. Its "
+                "key names the state it was settled at, so an answer kept for that state would "
+                "be handed back for this one, and one computed now kept as that state's. "
+                "Call `somatize.data.settle(g)` again to key it by the state it holds now"
+            )
+        elif held is not None:
             message = (
                 f"`{node}` is declared frozen and {held}, and nobody has settled it: those "
                 "weights are its state, and without their digest in its key two instances of "
@@ -397,7 +420,14 @@ def settled(graph: Shape, memory: Memory, among: Iterable[NodeId] | None = None)
     """Raises :class:`NotSettled` for the first frozen node (of ``among``, or of the
     whole graph) that holds state with no digest: one that says so, or one that says its
     state itself (``settled_state()``, a source of one's own that never said
-    ``holds_state``), whose key would otherwise name none."""
+    ``holds_state``), whose key would otherwise name none — or no longer names the one it
+    holds, changed since it was settled."""
     for node in graph.nodes() if among is None else among:
         if memory.is_frozen(node) and memory.state_of(node) is None and graph.keyed_by_state(node):
-            raise NotSettled(node, graph.kind_of(node), graph.settles(node), graph.state_held(node))
+            raise NotSettled(
+                node,
+                graph.kind_of(node),
+                graph.settles(node),
+                graph.state_held(node),
+                graph.changed_since_settled(node),
+            )

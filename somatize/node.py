@@ -108,9 +108,11 @@ __all__ = [
     "running_here",
     "says_state",
     "sees_state",
+    "settled_watch",
     "slots_of",
     "state_held",
     "tells_state",
+    "watches_settled",
 ]
 
 _Said = TypeVar("_Said", bound="Node")
@@ -259,6 +261,31 @@ def sees_state(sees: Callable[[Any], bool | str]) -> None:
     (idempotent): ``somatize.torch`` registers one for nodes that are or keep modules."""
     if sees not in _HOLDS_STATE:
         _HOLDS_STATE.append(sees)
+
+
+_WATCHES_SETTLED: list[Callable[[Any], Callable[[], str | None] | None]] = []
+"""What libraries that know a kind of state give a node settled by its ``settled_state()``
+to watch what it holds (``somatize.torch``: the modules it keeps), or None."""
+
+
+def watches_settled(watch_of: Callable[[Any], Callable[[], str | None] | None]) -> None:
+    """Registers ``watch_of``, which gives a node about to be settled by its
+    ``settled_state()`` a watch of the state it holds, or None where it holds none the
+    library knows (idempotent). The watch, asked at every forward, answers what changed
+    since, in words, or None: ``settled_state()`` is the node's own, and a change it does not
+    hear (a module's weights stepped in place) would be keyed by the state before."""
+    if watch_of not in _WATCHES_SETTLED:
+        _WATCHES_SETTLED.append(watch_of)
+
+
+def settled_watch(node: Any) -> Callable[[], str | None] | None:
+    """A watch of what ``node`` holds (:func:`watches_settled`), or None where no library
+    watches it."""
+    for watch_of in _WATCHES_SETTLED:
+        watch = watch_of(node)
+        if watch is not None:
+            return watch
+    return None
 
 
 _RESTATES: list[tuple[type, Callable[[Any], str | None]]] = []

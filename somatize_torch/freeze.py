@@ -61,7 +61,7 @@ from somatize._threads import ProcessLock
 from somatize.canonical import NotCanonical
 from somatize.catalog import identity_of, nameless_because
 from somatize.errors import SomatizeError, SomatizeWarning
-from somatize.node import attributes_of, restates, sees_state
+from somatize.node import restates, sees_state, watches_settled
 from somatize_torch._modes import DrawsSeen
 from somatize_torch._precision import Named, entered, precision_on, settings
 from somatize_torch._settings import (
@@ -72,6 +72,7 @@ from somatize_torch._settings import (
     settings_of,
     stood_for,
 )
+from somatize_torch._settled import kept_weights, watch_kept_weights
 from somatize_torch._sharding import is_dtensor
 from somatize_torch._state import (
     Read,
@@ -1391,24 +1392,19 @@ def _holds_weights(node: Node) -> bool | str:
     """Whether ``node`` holds weights its class does not say it holds: True when it is itself
     an ``nn.Module`` (a torch node, which ``freeze`` settles); what it keeps, in words, when it
     keeps a parameter, or a module with parameters or buffers, as an attribute or in a list,
-    tuple or dict it keeps as one."""
+    tuple or dict it keeps as one (:func:`~somatize_torch._settled.kept_weights`)."""
     if isinstance(node, nn.Module):
         return True
-    for name, value in attributes_of(node).items():
-        inside = value.values() if isinstance(value, dict) else value
-        parts = inside if isinstance(value, (list, tuple, dict)) else (value,)
-        for part in parts:  # an attribute, or the items of a list, tuple or dict it is
-            if isinstance(part, nn.Parameter):
-                return f"keeps `self.{name}`, {'' if part is value else 'holding '}a parameter"
-            if isinstance(part, nn.Module) and (
-                next(part.parameters(), None) is not None or next(part.buffers(), None) is not None
-            ):
-                held = "an nn.Module" if part is value else "holding an nn.Module"
-                return f"keeps `self.{name}`, {held} with weights"
+    for name, value, part in kept_weights(node):
+        if isinstance(part, nn.Parameter):
+            return f"keeps `self.{name}`, {'' if part is value else 'holding '}a parameter"
+        held = "an nn.Module" if part is value else "holding an nn.Module"
+        return f"keeps `self.{name}`, {held} with weights"
     return False
 
 
 sees_state(_holds_weights)
+watches_settled(watch_kept_weights)
 
 
 def module_of(node: Node) -> nn.Module | None:

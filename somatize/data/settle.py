@@ -12,6 +12,13 @@ one and writes the answer into the graph's memory. A frozen node that holds
 state and was never settled is refused before anything runs (``NotSettled``),
 because without the digest two states would be kept under one key and one of
 them handed back for the other.
+
+``settled_state()`` is heard only here, and what a node holds may change after (a torch
+module it keeps, stepped by an optimizer). A library that can watch such state cheaply
+(:func:`~somatize.node.watches_settled`: ``somatize.torch`` watches the modules a node
+keeps) has it watched from here on: a forward that finds it changed takes the digest back,
+and the node is refused where its key is needed (``NotSettled``, saying what changed) until
+it is settled again. Its key never names a state it no longer holds.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from somatize.data.errors import DataError
 from somatize.graph import Graph
+from somatize.node import settled_watch
 
 __all__ = ["NotADigest", "Settles", "settle"]
 
@@ -57,12 +65,16 @@ def settle(g: Graph) -> dict[str, str]:
             "`settle(g)`"
         )
     done: dict[str, str] = {}
+    watches = {}
     memory = g.memory
     for name, node in g.items():
         if memory.is_frozen(name) and isinstance(node, Settles):
+            # Taken first: a change made while its state is worked out is seen next.
+            watches[name] = settled_watch(node)
             done[name] = _checked(name, node, node.settled_state())
     for name, state in done.items():  # all or nothing: none is settled if one answers wrong
         memory.freeze(name, state)
+        g.watch_settled(name, watches[name])
     return done
 
 

@@ -1,0 +1,135 @@
+"""The weights a plain node keeps, and the watch of them from when it is settled.
+
+A plain :class:`~somatize.Node` may keep a module with weights as an attribute
+(``self.encoder = Encoder()``), or a parameter, or either in a list, tuple or dict it keeps
+as one (:func:`kept_weights`). Its weights are its state, which it says itself in a
+``settled_state()`` that ``somatize.data.settle(g)`` asks once. What changes them after —
+an optimizer step, ``load_state_dict``, ``p.add_(1)`` under ``no_grad`` — would go on being
+keyed by the state settled. :class:`KeptWeightsWatch` watches them from the settle on, as
+cheaply as a torch node's own weights are watched (:class:`~somatize_torch._state.StateWatch`),
+and says what changed, for the graph to take the settled state back and refuse the node
+until it is settled again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from somatize.node import UNSET, attributes_of, tells_state
+from somatize_torch._state import StateWatch
+
+__all__ = ["KeptWeightsWatch", "kept_weights", "watch_kept_weights"]
+
+
+def kept_weights(node: Any) -> Iterator[tuple[str, Any, Any]]:
+    """Each parameter, and each module with parameters or buffers, ``node`` keeps as an
+    attribute or as an item of a list, tuple or dict it keeps as one: the attribute's name,
+    what it holds, and the parameter or module."""
+    for name, value in attributes_of(node).items():
+        inside = value.values() if isinstance(value, dict) else value
+        parts = inside if isinstance(value, (list, tuple, dict)) else (value,)
+        for part in parts:
+            if isinstance(part, nn.Parameter) or (
+                isinstance(part, nn.Module)
+                and (
+                    next(part.parameters(), None) is not None
+                    or next(part.buffers(), None) is not None
+                )
+            ):
+                yield name, value, part
+
+
+class _ParameterWatch:
+    """A parameter kept on its own, watched as :class:`StateWatch` watches one of a module:
+    by its version counter, its memory and the gradient it holds."""
+
+    __slots__ = ("_gradient", "_parameter", "_version", "_where")
+
+    def __init__(self, parameter: torch.Tensor) -> None:
+        self._parameter = parameter
+        self._version = parameter._version
+        self._where = parameter.data_ptr()
+        self._gradient = parameter.grad
+
+    def changed(self, thorough: bool = True) -> bool:
+        p = self._parameter
+        return (
+            p._version != self._version
+            or p.grad is not self._gradient
+            or (thorough and p.data_ptr() != self._where)
+        )
+
+
+def _items(held: Any) -> tuple[Any, ...]:
+    """What a list, tuple or dict holds, to be compared by identity."""
+    return (*held, *held.values()) if isinstance(held, dict) else tuple(held)
+
+
+class KeptWeightsWatch:
+    """The weights a node keeps (:func:`kept_weights`), watched from when it was settled:
+    calling it answers what changed since, in words, or None. Each attribute is looked at
+    by what it holds (a module put in its place, or into the list it is), each module by a
+    :class:`StateWatch` asked thoroughly, as a torch node's is at every forward. A copy
+    (``copy.deepcopy`` of the graph, a pickle) watches the copy's weights, equal to the
+    original's when copied, and says changed where the original's had."""
+
+    __slots__ = ("_changed", "_kept", "_node")
+
+    def __init__(self, node: Any, changed: str | None = None) -> None:
+        self._node = node
+        self._changed = changed
+        kept: dict[str, tuple[Any, list[tuple[Any, StateWatch | _ParameterWatch]]]] = {}
+        for name, value, part in kept_weights(node):
+            watch = StateWatch(part) if isinstance(part, nn.Module) else _ParameterWatch(part)
+            kept.setdefault(name, (value, []))[1].append((part, watch))
+        self._kept = [
+            (name, value, _items(value) if isinstance(value, (list, tuple, dict)) else None, parts)
+            for name, (value, parts) in kept.items()
+        ]
+
+    def __call__(self) -> str | None:
+        if self._changed is None:
+            self._changed = self._looked()
+        return self._changed
+
+    def _looked(self) -> str | None:
+        held = attributes_of(self._node)
+        for name, value, items, parts in self._kept:
+            now = held.get(name, UNSET)
+            if now is not value or (items is not None and _replaced(_items(now), items)):
+                return f"`self.{name}` was given another object"
+            for part, watch in parts:
+                if watch.changed(thorough=True):
+                    what = "a parameter" if isinstance(part, nn.Parameter) else "an nn.Module"
+                    return (
+                        f"`self.{name}`, {what}, changed (a weight or buffer changed in place: "
+                        "an optimizer step, `load_state_dict`; or one was replaced, or a "
+                        "parameter got a gradient or came to require grad)"
+                    )
+        return None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"node": self._node, "changed": self()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["node"], state["changed"])  # type: ignore[misc]
+
+
+def _replaced(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:
+    return len(now) != len(was) or any(a is not b for a, b in zip(now, was, strict=True))
+
+
+def watch_kept_weights(node: Any) -> KeptWeightsWatch | None:
+    """The watch of the weights ``node`` keeps, about to be settled by its
+    ``settled_state()`` (registered with :func:`~somatize.node.watches_settled`); None for a
+    torch node (it watches its own, :meth:`~somatize.node.Node.restate`) and for a node that
+    keeps none."""
+    if tells_state(node):
+        return None
+    if next(kept_weights(node), None) is None:
+        return None
+    return KeptWeightsWatch(node)

@@ -1,0 +1,197 @@
+"""A plain node keeping torch weights, settled by its own ``settled_state()``: the weights
+are watched from ``somatize.data.settle(g)`` on, and a change since is refused where the
+node's key is needed until it is settled again."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import somatize.torch as smt
+from somatize import Graph, Node, NotSettled, Store
+from somatize.data import settle
+
+
+class Span(Node):
+    """Rows of a fixed random table, by coordinate."""
+
+    def forward(self, span: dict[str, int], ctx: Any) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(span["at"])
+        return torch.randn(span["take"], 4, generator=generator)
+
+
+class Predict(Node):
+    """A plain node keeping a Linear as an attribute, saying its weights' digest."""
+
+    def __init__(self) -> None:
+        self.encoder = nn.Linear(4, 2)
+
+    def settled_state(self) -> str:
+        return smt.digest_named(self.encoder.state_dict())
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        with torch.no_grad():
+            return self.encoder(x)
+
+
+class PredictListed(Node):
+    """The same, keeping a parameter of its own in a list."""
+
+    def __init__(self) -> None:
+        self.weights = [nn.Parameter(torch.ones(4, 2), requires_grad=False)]
+
+    def settled_state(self) -> str:
+        return smt.digest_named({"w": self.weights[0]})
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        with torch.no_grad():
+            return x @ self.weights[0]
+
+
+def _graph(node: Node) -> Graph:
+    g = Graph.somatize(Span().named("span").frozen() >> node.named("predict").frozen().cached())
+    settle(g)
+    return g
+
+
+def _truth(g: Graph, span: dict[str, int]) -> torch.Tensor:
+    """What ``g``'s node computes now for ``span``, called by hand."""
+    return g.node("predict").forward(Span().forward(span, None), None)
+
+
+def _add_in_place(node: Predict) -> None:
+    with torch.no_grad():
+        node.encoder.weight.add_(1.0)
+
+
+def _load_state_dict(node: Predict) -> None:
+    node.encoder.load_state_dict({k: v + 1.0 for k, v in node.encoder.state_dict().items()})
+
+
+def _optimizer_step(node: Predict) -> None:
+    optimizer = torch.optim.SGD(node.encoder.parameters(), lr=1.0)
+    node.encoder(torch.ones(1, 4)).sum().backward()
+    optimizer.step()
+
+
+def _data_replaced(node: Predict) -> None:
+    node.encoder.weight.data = node.encoder.weight.data + 1.0
+
+
+CHANGES: list[Callable[[Predict], None]] = [
+    _add_in_place,
+    _load_state_dict,
+    _optimizer_step,
+    _data_replaced,
+]
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=lambda change: change.__name__.strip("_"))
+def test_weights_changed_since_settle_are_refused_until_settled_again(
+    store: Store, change: Callable[[Predict], None]
+) -> None:
+    """Weights changed after ``settle(g)`` were keyed by the state settled: the next forward
+    recalled the answer of the old weights, and a miss kept the new weights' answer under
+    the old key. It is refused before anything runs, naming the node and the attribute and
+    saying to settle again; once settled, it computes with the weights it holds."""
+    node = Predict()
+    g = _graph(node)
+    span, other = {"at": 0, "take": 3}, {"at": 7, "take": 3}
+    kept = g.forward(span, store=store)
+    change(node)
+    said = r"`predict` .*`self\.encoder`, an nn\.Module, changed.*settle\(g\)` again"
+    for asked in (span, other):
+        with pytest.raises(NotSettled, match=said):
+            g.forward(asked, store=store)
+    now = g.forward(span)  # with no store nothing is keyed: it runs as it is
+    assert torch.equal(now, _truth(g, span))
+    assert not torch.allclose(now, kept)
+    settle(g)
+    assert torch.equal(g.forward(span, store=store), now)
+    assert g.record is not None and g.record.outcome["predict"] == "ran"
+    assert torch.equal(g.forward(other, store=store), _truth(g, other))
+
+
+def test_weights_put_back_are_still_refused_and_never_poison_the_old_key(store: Store) -> None:
+    """A miss after a change used to keep the answer of the new weights under the key of the
+    settled ones, and settling again at the weights put back recalled it. Refused, nothing
+    is kept; the old key holds only what the settled weights compute."""
+    node = Predict()
+    g = _graph(node)
+    span = {"at": 3, "take": 2}
+    _add_in_place(node)
+    with pytest.raises(NotSettled):
+        g.forward(span, store=store)
+    with torch.no_grad():
+        node.encoder.weight.sub_(1.0)
+    with pytest.raises(NotSettled):  # the versions moved: settled again, it is followed
+        g.forward(span, store=store)
+    settle(g)
+    assert torch.equal(g.forward(span, store=store), _truth(g, span))
+    assert torch.equal(g.forward(span, store=store), _truth(g, span))
+    assert g.record is not None and g.record.outcome["predict"] == "recalled"
+
+
+def test_a_parameter_kept_in_a_list_is_watched_too(store: Store) -> None:
+    """A parameter a node keeps in a list is its weights as a module is."""
+    node = PredictListed()
+    g = _graph(node)
+    span = {"at": 1, "take": 2}
+    g.forward(span, store=store)
+    with torch.no_grad():
+        node.weights[0].mul_(2.0)
+    with pytest.raises(NotSettled, match=r"`self\.weights`, a parameter, changed"):
+        g.forward(span, store=store)
+    settle(g)
+    assert torch.equal(g.forward(span, store=store), _truth(g, span))
+
+
+def test_a_module_put_in_place_of_the_one_settled_is_refused(store: Store) -> None:
+    """A module put in place of the one settled, in a list the node keeps, is other weights."""
+
+    class Listed(Node):
+        def __init__(self) -> None:
+            self.layers = [nn.Linear(4, 2)]
+
+        def settled_state(self) -> str:
+            return smt.digest_named(self.layers[0].state_dict())
+
+        def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+            with torch.no_grad():
+                return self.layers[0](x)
+
+    node = Listed().identified("tests.test_torch_settled:Listed")
+    g = _graph(node)
+    span = {"at": 2, "take": 2}
+    g.forward(span, store=store)
+    node.layers[0] = nn.Linear(4, 2)
+    with pytest.raises(NotSettled, match=r"`self\.layers` was given another object"):
+        g.forward(span, store=store)
+
+
+@pytest.mark.parametrize("copied", ["deepcopy", "pickle"])
+def test_a_copied_graph_watches_its_own_weights(store: Store, copied: str) -> None:
+    """A copy of a settled graph watches the copy's weights, and one copied after the
+    original's changed is refused as the original is."""
+
+    def copy_of(g: Graph) -> Graph:
+        return copy.deepcopy(g) if copied == "deepcopy" else pickle.loads(pickle.dumps(g))
+
+    g = _graph(Predict())
+    span = {"at": 4, "take": 2}
+    g.forward(span, store=store)
+    again = copy_of(g)
+    assert torch.equal(again.forward(span, store=store), _truth(g, span))
+    _add_in_place(again.node("predict"))  # type: ignore[arg-type]
+    with pytest.raises(NotSettled):
+        again.forward(span, store=store)
+    assert torch.equal(g.forward(span, store=store), _truth(g, span))
+    _add_in_place(g.node("predict"))  # type: ignore[arg-type]
+    with pytest.raises(NotSettled):
+        copy_of(g).forward(span, store=store)
