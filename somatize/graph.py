@@ -197,6 +197,9 @@ class Graph:
         attributes it watches for a replaced argument are the copied nodes' own: a node's
         ``__dict__`` is filled in afresh when it is copied, not the dict the original's watch
         was copied to."""
+        # A graph pickled before nodes settled by their `settled_state()` were watched.
+        state.setdefault("_settled_watches", {})
+        state.setdefault("_changed_since_settled", {})
         vars(self).update(state)
         self._looking = ProcessLock()
         for node in (

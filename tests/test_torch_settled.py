@@ -195,3 +195,18 @@ def test_a_copied_graph_watches_its_own_weights(store: Store, copied: str) -> No
     _add_in_place(g.node("predict"))  # type: ignore[arg-type]
     with pytest.raises(NotSettled):
         copy_of(g).forward(span, store=store)
+
+
+def test_a_graph_pickled_before_settled_nodes_were_watched_is_read_and_forwards(
+    store: Store,
+) -> None:
+    """A graph pickled by a somatize that watched no settled node's weights holds neither
+    table of them: read back, it forwards as its state says."""
+    g = _graph(Predict())
+    span = {"at": 3, "take": 5}
+    first = g.forward(span, store=store)
+    state = g.__getstate__()
+    del state["_settled_watches"], state["_changed_since_settled"]
+    older = Graph.__new__(Graph)
+    older.__setstate__(state)
+    assert torch.equal(older.forward(span, store=store), first)
