@@ -7960,3 +7960,33 @@ def test_a_node_in_a_module_of_the_user_s_named_like_one_of_python_s_is_the_user
 
 
 _PYTHON_S_OWN = {"mailbox": "Maildir", "calendar": "Calendar"}
+
+
+_MADE_WITHOUT_MODULE = """
+import types
+
+from somatize import Node
+
+made = types.FunctionType(compile("lambda x: x + STEP", "<made>", "eval").co_consts[0], {})
+
+class UsesMade(Node):
+    def forward(self, x, ctx):
+        return made(x)
+"""
+
+
+def test_a_helper_made_with_globals_naming_no_module_is_named_by_its_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a function made by `types.FunctionType(code, {})` or `exec(text, {})` has no
+    # `__module__`: a node naming it is still built, and its code is still covered
+    seen = []
+    for step in (1, 1, 5):
+        loaded = _load(
+            tmp_path / "made.py", _MADE_WITHOUT_MODULE.replace("STEP", str(step)), monkeypatch
+        )
+        assert loaded.made.__module__ is None
+        graph = Graph.somatize(loaded.UsesMade().named("made").frozen().cached())
+        assert graph.forward(2) == 2 + step
+        seen.append(fingerprint_of(loaded.UsesMade))
+    assert seen[0] == seen[1] != seen[2]

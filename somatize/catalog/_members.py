@@ -325,7 +325,9 @@ def _same_package(defined: str, module: str) -> bool:
     the same folder of the user's code (``helpers`` beside the script ``train.py`` or the
     module ``nodes``, :func:`project_of`): the same project's code, written with it — not
     another package's (an upgrade of which would drift every answer), nor the standard
-    library's or torch's."""
+    library's or torch's. A function of no module (``exec(text, {})``) is of none."""
+    if not isinstance(defined, str) or not isinstance(module, str):
+        return False
     top = main_named(defined.partition(".")[0])
     if top == "__main__" or top in sys.stdlib_module_names or top in _LEFT_OUT:
         return False

@@ -35,8 +35,11 @@ def main_named(module: str) -> str:
 def qualified(named: Any) -> str:
     """``module:qualname`` of ``named``, a class or function, its module as
     :func:`main_named` says it: what every key, fingerprint and identity names it by, the
-    same in the script and in a process ``multiprocessing`` spawns from it."""
-    return f"{main_named(named.__module__)}:{named.__qualname__}"
+    same in the script and in a process ``multiprocessing`` spawns from it. A function made
+    with globals naming no module (``exec(text, {})``, ``types.FunctionType``) has none:
+    it is named by its qualified name alone."""
+    module = named.__module__
+    return f"{main_named(module) if isinstance(module, str) else ''}:{named.__qualname__}"
 
 
 def project_of(top: str) -> str | None:
