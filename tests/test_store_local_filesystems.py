@@ -211,11 +211,19 @@ def test_a_store_at_the_longest_path_there_is_room_under_works_fully(tmp_path: P
     assert fresh.gc(grace=0).blobs == 1  # KEY's blob, its record set aside
 
 
+def _longest_read_root() -> int:
+    """The longest store directory a store opened only to read leaves room under: PATH_MAX,
+    less its NUL, less the longest path a read opens below it (a record,
+    `answers/<2 hex>/<64 hex>`)."""
+    below = len("/answers/ab/") + 64
+    return os.pathconf("/", "PC_PATH_MAX") - 1 - below
+
+
 @pytest.mark.parametrize("read_only", [False, True])
 def test_a_store_whose_path_leaves_no_room_for_its_files_is_refused_at_open(
     tmp_path: Path, read_only: bool
 ) -> None:
-    longest = _longest_root()
+    longest = _longest_read_root() if read_only else _longest_root()
     root = _path_of_length(tmp_path, longest + 1)
     root.mkdir(parents=True)
     limit = os.pathconf("/", "PC_PATH_MAX")
@@ -224,3 +232,21 @@ def test_a_store_whose_path_leaves_no_room_for_its_files_is_refused_at_open(
     assert f"at most {limit - 1} bytes" in str(said.value)
     assert f"at most {longest} bytes long; this one is {longest + 1}" in str(said.value)
     assert "shorter path" in str(said.value)
+
+
+def test_a_store_only_read_at_a_path_with_room_for_its_records_reads_them(tmp_path: Path) -> None:
+    """A store opened read-only writes nothing, not even a record set aside: where its
+    records fit under the system's limit, it reads them, though a writable store's files
+    would not all fit there. It was refused at open, as a writable one is."""
+    root = _path_of_length(tmp_path / "deep", _longest_read_root())
+    root.mkdir(parents=True)
+    (tmp_path / "short").symlink_to(root)
+    kept = LocalStore(tmp_path / "short")  # kept through a shorter path to the same folder
+    kept.keep(KEY, LARGE, "plain")
+    kept.keep_many([(OTHER, b"packed")], "plain")
+    with pytest.raises(BadAddress, match=r"too long for the files the store makes"):
+        LocalStore(root)
+    read = LocalStore(root, read_only=True)
+    assert read.have([KEY, OTHER]) == {KEY, OTHER}
+    assert bytes(read.recall(KEY)[1]) == LARGE
+    assert bytes(read.recall(OTHER)[1]) == b"packed"

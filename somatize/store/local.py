@@ -125,6 +125,10 @@ _LONGEST_MADE = os.path.join("quarantine", "answers", f"ab_{'0' * 64}.{2**63}")
 """The longest path under its directory of a file a store makes: a record ``verify`` sets
 aside, stamped with the time in nanoseconds. A name bound is as long as its caller makes it."""
 
+_LONGEST_READ = os.path.join("answers", "ab", "0" * 64)
+"""The longest path under its directory of a file a store opened read-only opens: a record
+(a blob's is as long). It makes none, nor sets any aside."""
+
 _MAPS_SHARED = 16
 """How many read-only mappings of large blobs a store keeps between reads that only
 borrow them (``recall_many(..., borrow=True)``: a per-row cache reading the pack its next
@@ -331,7 +335,7 @@ class LocalStore(LocalShelf):
             self.root = root if root.is_absolute() else Path(current_directory(text), root)
         except RuntimeError:  # ~user names no user this system knows, or no home is known
             raise no_home(os.fspath(path), os.fspath(path)) from None
-        _check_room_below(self.root)
+        _check_room_below(self.root, _LONGEST_READ if self.read_only else _LONGEST_MADE)
         # Where the path leads, `..` and links followed: the folders it names may pass
         # through another store's section on the way out, or reach into one by a link.
         real = Path(os.path.realpath(self.root))  # a link loop is left for mkdir to report
@@ -993,14 +997,14 @@ def _keep_out_of_git(root: Path) -> None:
         pass
 
 
-def _check_room_below(root: Path) -> None:
+def _check_room_below(root: Path, longest: str) -> None:
     """Refuses a store's ``root`` whose path fits the system's limit on a path's length, but
-    leaves no room below it for the files the store makes: every keep would fail then, with
-    "File name too long" and no word of why."""
+    leaves no room below it for ``longest``, the longest path below it the store opens:
+    every keep (or read) would fail then, with "File name too long" and no word of why."""
     limit = _path_limit(root)
     if limit is None:
         return
-    below = len(os.fsencode(os.sep + _LONGEST_MADE))
+    below = len(os.fsencode(os.sep + longest))
     length = len(os.fsencode(root))
     most = limit - 1 - below  # the limit counts the NUL that ends a path
     if length <= most:
