@@ -44,6 +44,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves, tree_map
 
 from somatize import CODECS, Graph, Opaque, canonical
+from somatize.catalog._members import standard_module
 from somatize.codecs import CodecError
 from somatize.engine import NodeFailed, Record
 from somatize.errors import SomatizeError
@@ -64,7 +65,7 @@ from somatize_torch._errors import (
 from somatize_torch._modes import marked_as_needed, outside_compiled
 from somatize_torch._precision import precision_on
 from somatize_torch._settings import _TORCH_OWN, _held_by, _slots_of
-from somatize_torch._values import _NAMESPACES, _NOT_FOLLOWED, _STANDARD, _followed
+from somatize_torch._values import _NAMESPACES, _NOT_FOLLOWED, _followed
 from somatize_torch.codec import TENSOR, memory_order
 from somatize_torch.digest import DTYPES, digest_tensor, plain
 from somatize_torch.freeze import (
@@ -435,7 +436,7 @@ def _config_kind(kind: type) -> bool:
     if issubclass(kind, (*_HOLDING, nn.Module, type)):
         return False
     home = kind.__module__.split(".")[0]
-    return home not in _NOT_FOLLOWED and home not in _STANDARD
+    return home not in _NOT_FOLLOWED and not standard_module(home)
 
 
 def _memory(t: torch.Tensor) -> int:

@@ -41,6 +41,7 @@ from somatize._arrays import looked_at as _looked_at
 from somatize._arrays import same_array as _same_array
 from somatize.canonical import NotCanonical
 from somatize.catalog import code_digest, globals_read
+from somatize.catalog._members import standard_module
 from somatize.catalog._project import qualified
 from somatize_torch._modes import outside_compiled
 from somatize_torch.digest import digest_tensor
@@ -913,14 +914,15 @@ def _members(value: Any, *, part: bool = False) -> list[Any]:
     """The slots ``value``'s class declares (its ``__slots__``'s descriptors), if it is a
     class written in Python and not torch's, numpy's or the standard library's (a
     module's only where ``part``: one of the module keyed, not one a config holds)."""
-    from somatize_torch._values import _NOT_FOLLOWED, _STANDARD  # it imports this module
+    from somatize_torch._values import _NOT_FOLLOWED  # it imports this module
 
     kind = type(value)
     if not hasattr(kind, "__slots__") or isinstance(value, (torch.Tensor, type)):
         return []
     if isinstance(value, nn.Module) is not part:
         return []
-    if kind.__module__.split(".")[0] in (*_NOT_FOLLOWED, *_STANDARD):
+    home = kind.__module__.split(".")[0]
+    if home in _NOT_FOLLOWED or standard_module(home):
         return []
     found: dict[str, Any] = {}
     for base in reversed(kind.__mro__):
@@ -1086,10 +1088,10 @@ def _library(function: types.FunctionType) -> bool:
     """Whether ``function`` is torch's, numpy's or the standard library's own, or an
     installed package's (its code in ``site-packages``): one whose module's values (a
     cache it fills as it runs) are that package's, not the caller's settings."""
-    from somatize_torch._values import _NOT_FOLLOWED, _STANDARD  # it imports this module
+    from somatize_torch._values import _NOT_FOLLOWED  # it imports this module
 
     home = str(function.__globals__.get("__name__") or "").split(".")[0]
-    if home in _NOT_FOLLOWED or home in _STANDARD:
+    if home in _NOT_FOLLOWED or standard_module(home):
         return True
     return not _INSTALLED.isdisjoint(pathlib.PurePath(function.__code__.co_filename).parts)
 

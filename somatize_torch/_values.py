@@ -62,6 +62,7 @@ from somatize.catalog import (
     names_rebound,
     watch_code,
 )
+from somatize.catalog._members import standard_module
 from somatize_torch._errors import WrapError
 from somatize_torch._modes import _ABSENT, _put, in_torch, read_by, swapped
 from somatize_torch._settings import (
@@ -441,9 +442,6 @@ a forward reads."""
 _NAMESPACES = (types.SimpleNamespace, argparse.Namespace)
 """The standard library's kinds of config, followed."""
 
-_STANDARD: frozenset[str] = getattr(sys, "stdlib_module_names", frozenset())
-"""The standard library's modules, whose objects are not followed either."""
-
 
 def _followed(value: Any) -> bool:
     """Whether ``value`` is a plain object whose attributes a forward may read (a config):
@@ -455,7 +453,7 @@ def _followed(value: Any) -> bool:
     home = kind.__module__.split(".")[0]
     if isinstance(value, _NAMESPACES):
         pass  # the standard library's own configs
-    elif home in _NOT_FOLLOWED or home in _STANDARD:  # a logger, a lock: no config
+    elif home in _NOT_FOLLOWED or standard_module(home):  # a logger, a lock: no config
         return False
     try:
         return isinstance(object.__getattribute__(value, "__dict__"), dict)

@@ -55,7 +55,7 @@ from somatize.store import StoreError
 from somatize_torch import _cached, _split, _tracing
 from somatize_torch._modes import in_torch
 from tests import wrap_helpers
-from tests._helpers_config import HoldsConfig
+from tests._helpers_config import HoldsConfig, ReadsConfig
 from tests.conftest_s3 import READS, s3_url, user
 from tests.decoding import Decoder, NotesWidthThenHead, steps_alike
 from tests.drawing import AttendsBeside, DrawnBeside, WritesBeside
@@ -1623,6 +1623,26 @@ def test_a_value_a_cached_module_reads_from_its_config_keys_its_answers(
     config.flag = 0  # another value than False, though it computes alike
     wrapped(x)
     assert wrapped.counts[name] == {"ran": 4, "kept": 4, "recalled": 1}
+
+
+def test_a_config_of_a_class_in_a_user_s_module_named_like_python_s_keys_its_answers(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A config class the user wrote in a module named like one of the standard library's
+    (`mailbox.py`) is the user's config, not Python's: a flag read from it, changed in place,
+    keys the next call anew, where it was taken for a logger's or a lock's and not followed."""
+    text = "class Settings:\n    def __init__(self):\n        self.flag = False\n"
+    path = tmp_path / "mailbox.py"
+    path.write_text(text)
+    module = types.ModuleType("mailbox")
+    module.__file__ = str(path)
+    exec(compile(text, str(path), "exec"), module.__dict__)
+    monkeypatch.setitem(sys.modules, "mailbox", module)
+    config = module.Settings()
+    config.inner = types.SimpleNamespace(scale=1.0)
+    torch.manual_seed(0)
+    wrapped = _part_frozen(nn.Sequential(ReadsConfig(config)), "0", True, store)
+    _flag_read_anew(wrapped, config)
 
 
 class ReadsHeldConfig(nn.Module):

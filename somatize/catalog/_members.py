@@ -59,17 +59,17 @@ def _left_out(kind: type) -> bool:
     from somatize.node import Node
 
     top = kind.__module__.partition(".")[0]
-    return kind is Node or top in _LEFT_OUT or _standard_module(top)
+    return kind is Node or top in _LEFT_OUT or standard_module(top)
 
 
 def _of_the_standard_library(value: Any) -> bool:
     """Whether ``value`` is defined in Python's standard library (its ``__module__``, as
-    :func:`_standard_module` takes it)."""
+    :func:`standard_module` takes it)."""
     module = getattr(value, "__module__", None)
-    return isinstance(module, str) and _standard_module(module.partition(".")[0])
+    return isinstance(module, str) and standard_module(module.partition(".")[0])
 
 
-def _standard_module(top: str) -> bool:
+def standard_module(top: str) -> bool:
     """Whether the module loaded as ``top`` is Python's own: named as one of the standard
     library's, and built in or loaded from where Python keeps it. A user's own module
     named like one (``code.py``, ``mailbox.py``) is the user's code, whose edits drift the
@@ -112,7 +112,15 @@ def _frozen(loaded: Any) -> bool:
 
 
 _STANDARD_FOLDERS = tuple(
-    {os.path.realpath(sysconfig.get_paths()[which]) for which in ("stdlib", "platstdlib")}
+    {
+        *(os.path.realpath(sysconfig.get_paths()[which]) for which in ("stdlib", "platstdlib")),
+        # A standard library shipped zipped (an embedded Python), on the path as one file.
+        os.path.realpath(
+            os.path.join(
+                sys.base_prefix, "lib", f"python{sys.version_info[0]}{sys.version_info[1]}.zip"
+            )
+        ),
+    }
 )
 """Where Python keeps its standard library (in a virtual environment: the base Python's)."""
 
@@ -329,7 +337,7 @@ def _same_package(defined: str, module: str) -> bool:
     if not isinstance(defined, str) or not isinstance(module, str):
         return False
     top = main_named(defined.partition(".")[0])
-    if top == "__main__" or top in sys.stdlib_module_names or top in _LEFT_OUT:
+    if top == "__main__" or top in _LEFT_OUT or standard_module(top):
         return False
     if top in ("somatize", "somatize_torch"):  # the library, even run from a checkout beside
         return False
