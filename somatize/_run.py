@@ -48,6 +48,7 @@ from somatize.keys import item_key, root_key
 from somatize.node import Context, running_here
 from somatize.plan import Plan, changed_code, item_keys_from
 from somatize.store import Corrupt, Missing
+from somatize.store._serial import reading
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -193,7 +194,8 @@ class _Run:
         store = self.store
         assert store is not None
         try:
-            return store.recall(key)
+            with reading(store):
+                return store.recall(key)
         except (Missing, Corrupt) as error:
             return error
 
@@ -221,7 +223,11 @@ class _Run:
         too."""
         store = self.store
         assert store is not None
-        found = {keys[0]: self._recalled(keys[0])} if len(keys) == 1 else store.recall_many(keys)
+        if len(keys) == 1:
+            found = {keys[0]: self._recalled(keys[0])}
+        else:
+            with reading(store):
+                found = store.recall_many(keys)
         said: dict[_Unused | type[_Recompute], Fact] = {}
         damaged: dict[str, Fact] = {}  # key → the fact saying so
         decoded: set[str] = set()
@@ -603,7 +609,9 @@ class _Run:
             return None
         with self._keeping(node):
             codec = CODECS.for_value(value, f"the answer of `{node}`")
-            answer = store.keep(key, codec.encode(value), codec.name, fingerprint)
+            encoded = codec.encode(value)
+            with reading(store):
+                answer = store.keep(key, encoded, codec.name, fingerprint)
         return answer.size
 
     def code_moved(self) -> bool:
@@ -642,7 +650,8 @@ class _Run:
         (cached nodes about to run) is not empty and the store can tell it now: the work
         is not done only to be lost."""
         if keeping and self.store is not None:
-            refused = self.store._refused_keeping()
+            with reading(self.store):
+                refused = self.store._refused_keeping()
             if refused is not None:
                 raise refused
 
@@ -696,7 +705,8 @@ class _Run:
                 plan.items[node] = items
                 assert self.store is not None
                 if items:
-                    plan.have |= self.store.have(items)
+                    with reading(self.store):
+                        plan.have |= self.store.have(items)
             else:
                 items = plan.items[node]
         out: list[Any] = [None] * count
@@ -790,11 +800,9 @@ class _Run:
             for key, value in answers:
                 codec = CODECS.for_value(value, f"an item answer of `{node}`")
                 groups.setdefault(codec.name, []).append((key, codec.encode(value)))
-            return sum(
-                answer.size
-                for name, items in groups.items()
-                for answer in store.keep_many(items, name, fingerprint)
-            )
+            with reading(store):
+                kept = [store.keep_many(items, name, fingerprint) for name, items in groups.items()]
+            return sum(answer.size for answers in kept for answer in answers)
 
     def _item_column(self, plan: Plan, pred: str, count: int) -> list[str]:
         if pred in plan.items:

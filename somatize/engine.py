@@ -123,6 +123,7 @@ from somatize.codecs import Opaque
 from somatize.errors import SomatizeError
 from somatize.node import Context, Node
 from somatize.plan import Plan, compile, look_again, static_of
+from somatize.store._serial import reading
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -412,7 +413,8 @@ def _ran(
             if key in state.unused:
                 # Its worker kept it in place of the answer read back here, which this
                 # process's store object remembers: read afresh, the next forward recalls it.
-                state.store.reread(key)
+                with reading(state.store):
+                    state.store.reread(key)
             worker = state.graph.placement.worker_of(node)
             state.emit({"fact": "kept", "node": node, "key": key, "bytes": kept, "by": worker})
 

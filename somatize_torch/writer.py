@@ -69,31 +69,13 @@ from somatize._numbers import finite
 from somatize._threads import ProcessLock
 from somatize.errors import SomatizeError
 from somatize.store import JoinedWrite, StoreFull
+from somatize.store._serial import holds_lock, reading, store_lock
 from somatize_torch._row_codec import empty_rows, encode_batch_viewed, row_order, select_rows
 from somatize_torch.codec import TENSOR, inverse_order
 
 __all__ = ["KEY_BYTES", "WaitsForItself", "WriteFailed", "Writer", "reading", "store_lock"]
 
 log = logging.getLogger("somatize.torch")
-
-_LOCKS: weakref.WeakKeyDictionary[Store, ProcessLock] = weakref.WeakKeyDictionary()
-_LOCKS_LOCK = ProcessLock()
-
-
-def store_lock(store: Store) -> ProcessLock:
-    """The lock this module holds around every call into ``store`` (one per store object)."""
-    with _LOCKS_LOCK:
-        lock = _LOCKS.get(store)
-        if lock is None:
-            lock = _LOCKS[store] = ProcessLock()
-        return lock
-
-
-def reading(store: Store) -> contextlib.AbstractContextManager[object]:
-    """What a forward holds while it reads ``store``: nothing where one thread may read it
-    while another writes through it, so that a forward never waits for the writer's write
-    in progress; else :func:`store_lock`, which the writer holds as it writes."""
-    return contextlib.nullcontext() if store.shared_by_threads else store_lock(store)
 
 
 class WriteFailed(SomatizeError, OSError):
@@ -895,8 +877,7 @@ class _Backlog:
             writer = ref()
             if writer is None:
                 continue
-            lock = _LOCKS.get(writer.store)
-            if (lock is not None and lock.held_here()) or writer.store._held_here():
+            if holds_lock(writer.store) or writer.store._held_here():
                 return True
         return False
 

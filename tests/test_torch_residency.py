@@ -32,7 +32,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from somatize import CodecError, SomatizeWarning, Store, StoreError
+from somatize import CodecError, Graph, Node, SomatizeWarning, Store, StoreError
 from somatize._threads import ProcessLock
 from somatize.store import _local_joined as local_joined
 from somatize.store import records
@@ -2272,6 +2272,68 @@ def test_a_store_not_shared_by_threads_is_read_under_the_lock_its_writes_hold(
     assert not reader.is_alive()
     assert torch.equal(got[0], first) and cached.stats.from_store == 8
     cached.close()
+
+
+class _CallsOutsideLock(_OneThreadStore):
+    """A store not shared by threads that notes each answer call made without its lock."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.unlocked: list[str] = []
+
+    def _note(self, method: str) -> None:
+        if not store_lock(self).held_here():
+            self.unlocked.append(method)
+
+    def have(self, keys: Any) -> set[str]:
+        self._note("have")
+        return super().have(keys)
+
+    def recall(self, key: str) -> Any:
+        self._note("recall")
+        return super().recall(key)
+
+    def recall_many(self, keys: Any, *, borrow: bool = False) -> Any:
+        self._note("recall_many")
+        return super().recall_many(keys, borrow=borrow)
+
+    def keep(self, key: str, data: Any, codec: str, fingerprint: str | None = None) -> Any:
+        self._note("keep")
+        return super().keep(key, data, codec, fingerprint)
+
+    def keep_many(self, items: Any, codec: str, fingerprint: str | None = None) -> Any:
+        self._note("keep_many")
+        return super().keep_many(items, codec, fingerprint)
+
+
+class _Squares(Node):
+    def forward(self, xs: list[int], ctx: Any) -> list[int]:
+        return [x * x for x in xs]
+
+
+class _Total(Node):
+    def forward(self, xs: list[int], ctx: Any) -> int:
+        return sum(xs)
+
+
+def test_a_graph_forward_calls_a_store_not_shared_by_threads_under_its_lock(
+    tmp_path: Path,
+) -> None:
+    """A graph's forward over a store that may not be read while another thread writes
+    through it (a row cache's writer, over the same store) calls it only under the lock
+    that writer holds as it writes: its calls never overlap a write in progress."""
+    store = _CallsOutsideLock(tmp_path / "store")
+    cached = cache_rows(mlp(), store)
+    cached(rows(8))  # a writer thread for this store, writing behind the forwards
+    graph = Graph.somatize(
+        _Squares().named("squares").frozen().mapped().cached()
+        >> _Total().named("total").frozen().cached()
+    )
+    for handed in ([1, 2], [1, 2], [1, 2, 3]):  # kept, recalled, then partly recalled
+        assert graph.forward(handed, store=store) == sum(x * x for x in handed)
+    cached.flush()
+    cached.close()
+    assert store.unlocked == []
 
 
 def test_stats_reset_during_a_forward_count_its_rows_once_and_whole(

@@ -576,7 +576,9 @@ class Store(abc.ABC):  # noqa: B024 (its abstract methods are marked by `require
     shared_by_threads: bool = False
     """Whether one object of the class may be read by one thread while another writes
     through it. Callers that write from a thread of their own (a row cache's writer) ask
-    a store that says no only under a lock of theirs, and one that says yes without."""
+    a store that says no only under a lock of theirs, and one that says yes without; so
+    does every forward (a graph's, a row cache's) that may run beside such a thread
+    (:func:`~somatize.store._serial.store_lock`)."""
 
     def _held_here(self) -> bool:
         """Whether the calling thread holds a lock of this object that a write through it

@@ -1,0 +1,48 @@
+"""One lock per store object, for the stores that may not be read while written.
+
+A store class says whether one object of it may be read by one thread while another
+writes through it (:attr:`~somatize.Store.shared_by_threads`): a directory's and a
+bucket's may. A store of a class of a user's own says no unless it says otherwise, and
+then every caller that may run beside a thread writing through it — a row cache's
+writer thread, a forward of a graph, a forward of a row cache — calls it under this
+one lock of the object's, so that its calls never overlap. The lock lives here, in the
+core, because both the core's forwards and the torch package's writer take it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+
+from somatize._threads import ProcessLock
+from somatize.store.base import Store
+
+__all__ = ["holds_lock", "reading", "store_lock"]
+
+_LOCKS: weakref.WeakKeyDictionary[Store, ProcessLock] = weakref.WeakKeyDictionary()
+_LOCKS_LOCK = ProcessLock()
+
+
+def store_lock(store: Store) -> ProcessLock:
+    """The lock held around every call into ``store`` that may overlap a write through it
+    on another thread (one per store object)."""
+    with _LOCKS_LOCK:
+        lock = _LOCKS.get(store)
+        if lock is None:
+            lock = _LOCKS[store] = ProcessLock()
+        return lock
+
+
+def reading(store: Store) -> contextlib.AbstractContextManager[object]:
+    """What a caller holds while it calls ``store``: nothing where one thread may read it
+    while another writes through it, so that a forward never waits for a write in
+    progress; else :func:`store_lock`, which a writer thread holds as it writes."""
+    return contextlib.nullcontext() if store.shared_by_threads else store_lock(store)
+
+
+def holds_lock(store: Store) -> bool:
+    """Whether the calling thread holds :func:`store_lock` of ``store`` (which a thread
+    writing through it would wait for)."""
+    with _LOCKS_LOCK:
+        lock = _LOCKS.get(store)
+    return lock is not None and lock.held_here()
