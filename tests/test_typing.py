@@ -63,6 +63,17 @@ def test_documented_store_calls_type_check(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_the_documented_store_of_ones_own_type_checks(tmp_path: Path) -> None:
+    """The store subclass docs/store.md shows ("A store of your own") type-checks under
+    ``mypy --strict``, its methods matching those of ``Store`` they override."""
+    page = (ROOT / "docs" / "store.md").read_text()
+    section = page[page.index("## A store of your own") :]
+    code = section[section.index("```python\n") + len("```python\n") : section.index("```\n\n")]
+    assert "class DictStore(Store)" in code
+    assert mypy_errors(tmp_path, code) == []
+
+
+@pytest.mark.slow
 def test_contents_tells_what_each_section_holds(tmp_path: Path) -> None:
     """The docs' key rotation re-signs what ``contents`` reads, a digest from ``names`` and
     a record from ``answers``, once it has ruled out damage, as a checker follows it."""
