@@ -250,3 +250,71 @@ def test_a_store_only_read_at_a_path_with_room_for_its_records_reads_them(tmp_pa
     assert read.have([KEY, OTHER]) == {KEY, OTHER}
     assert bytes(read.recall(KEY)[1]) == LARGE
     assert bytes(read.recall(OTHER)[1]) == b"packed"
+
+
+def _full_syncs_recorded(monkeypatch: pytest.MonkeyPatch, refused: bool) -> list[int]:
+    """Gives ``fcntl`` macOS's ``F_FULLFSYNC``, which flushes the drive's own cache where
+    ``fsync`` does not; the modes of what it is asked to sync. ``refused``: it fails with
+    ENOTSUP, as on a network mount, and syncs nothing."""
+    import fcntl
+
+    full_sync = 51  # its number on macOS
+    synced: list[int] = []
+
+    def full(fd: int, cmd: int, *args: Any) -> int:
+        assert cmd == full_sync
+        if refused:
+            raise OSError(errno.ENOTSUP, os.strerror(errno.ENOTSUP))
+        synced.append(os.fstat(fd).st_mode)
+        return 0
+
+    monkeypatch.setattr(fcntl, "F_FULLFSYNC", full_sync, raising=False)
+    monkeypatch.setattr(fcntl, "fcntl", full)
+    return synced
+
+
+def test_a_durable_store_on_macos_flushes_the_drive_cache_of_files_and_folders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced = _full_syncs_recorded(monkeypatch, refused=False)
+    store = LocalStore(tmp_path / "s", durable=True)
+    store.keep(KEY, LARGE, "plain")
+    _joined(store)
+    assert any(stat.S_ISREG(mode) for mode in synced)
+    assert any(stat.S_ISDIR(mode) for mode in synced)
+    assert bytes(LocalStore(tmp_path / "s").recall(OTHER)[1]) == LARGE
+
+
+def test_a_durable_store_where_the_full_sync_is_refused_falls_back_to_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _full_syncs_recorded(monkeypatch, refused=True)
+    fsynced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsynced.append(fd), real(fd))[1])
+    store = LocalStore(tmp_path / "s", durable=True)
+    store.keep(KEY, LARGE, "plain")
+    assert fsynced
+    assert bytes(LocalStore(tmp_path / "s").recall(KEY)[1]) == LARGE
+
+
+def test_a_durable_store_on_windows_which_opens_no_folder_keeps_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def open_as_windows(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if os.path.isdir(path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), os.fspath(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    store = LocalStore(tmp_path / "s", durable=True)
+    monkeypatch.setattr("sys.platform", "win32")
+    monkeypatch.setattr(os, "open", open_as_windows)
+    store.keep(KEY, LARGE, "plain")
+    _joined(store)
+    store.bind("data/v1", store.put(b"named"))
+    monkeypatch.undo()
+    fresh = LocalStore(tmp_path / "s")
+    assert fresh.have([KEY, OTHER]) == {KEY, OTHER}
+    assert bytes(fresh.get(fresh.resolve("data/v1"))) == b"named"

@@ -27,6 +27,7 @@ import contextlib
 import errno
 import io
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -38,6 +39,11 @@ from stat import S_ISDIR, S_ISREG
 from typing import IO, Any, TypeVar
 
 import blake3
+
+try:
+    import fcntl
+except ImportError:  # Windows has none, and fsync alone syncs there
+    fcntl = None  # type: ignore[assignment]
 
 from somatize._threads import process_pool
 from somatize.store._packed import (
@@ -141,11 +147,26 @@ class NoFileSync(OSError):
     (:data:`_NO_FILE_SYNC`): a durable store cannot keep anything there."""
 
 
+def to_disk(handle: int) -> None:
+    """Syncs the file or folder open at ``handle`` to the disk itself. On macOS ``fsync``
+    leaves what it wrote in the drive's own cache, which a power cut loses; ``F_FULLFSYNC``
+    flushes that too. A filesystem that refuses it (some network mounts) gets ``fsync``, as
+    SQLite does; elsewhere (Linux, Windows) ``fsync`` is all there is."""
+    full_sync = getattr(fcntl, "F_FULLFSYNC", None)
+    if full_sync is not None:
+        try:
+            fcntl.fcntl(handle, full_sync)
+            return
+        except OSError:
+            pass
+    os.fsync(handle)
+
+
 def sync_file(handle: int) -> None:
     """Syncs the file open at ``handle``; :class:`NoFileSync` where the filesystem syncs no
     files, which "Invalid argument" alone would not tell."""
     try:
-        os.fsync(handle)
+        to_disk(handle)
     except OSError as why:
         if why.errno in _NO_FILE_SYNC:
             raise NoFileSync(why.errno, why.strerror, why.filename) from why
@@ -611,9 +632,13 @@ class LocalFiles(PackedHome):
 
     @staticmethod
     def _sync_directory(directory: Path) -> None:
+        if sys.platform == "win32":
+            # Windows opens no folder as a file (PermissionError), so none can be synced
+            # from here: the files are synced, and NTFS journals the renames.
+            return
         handle = os.open(directory, os.O_RDONLY)
         try:
-            os.fsync(handle)
+            to_disk(handle)
         except OSError as why:
             # A filesystem that syncs no folders (some FUSE, network and SMB mounts) says
             # so; its renames are as durable as it makes them, as PostgreSQL takes it.

@@ -72,6 +72,7 @@ from somatize.store._local_files import (
     new_file,
     open_file,
     stamp_of,
+    to_disk,
 )
 from somatize.store._local_upkeep import LocalShelf, _write_uses
 from somatize.store._packed import FULL, hash_bytes
@@ -416,7 +417,7 @@ class LocalStore(LocalShelf):
                 handle.write(MARKER_DATA)
                 if self.durable:
                     handle.flush()
-                    os.fsync(handle.fileno())
+                    to_disk(handle.fileno())
             os.replace(part, self.root / MARKER)  # the same bytes, whoever writes them
             if self.durable:
                 self._sync_directory(self.root)
