@@ -21,6 +21,7 @@ than the same run without the callback.
 
 from __future__ import annotations
 
+import itertools
 import random
 import sys
 import time
@@ -38,7 +39,14 @@ from somatize_torch.rows import prefill as prefill_rows
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-__all__ = ["PrefillJob", "forward_context", "generators_kept", "run_prefill", "share"]
+__all__ = [
+    "PrefillJob",
+    "dev_run_batches",
+    "forward_context",
+    "generators_kept",
+    "run_prefill",
+    "share",
+]
 
 
 @dataclass
@@ -62,6 +70,9 @@ def run_prefill(
     started = time.perf_counter()
     loader: Iterable[Any] = job.loader
     ranks = trainer.world_size
+    batches = dev_run_batches(trainer)
+    if batches is not None:
+        loader = itertools.islice(loader, batches * ranks)  # each rank's share: `batches`
     if ranks > 1:
         loader = share(loader, trainer.global_rank, ranks)
     plugin = getattr(trainer, "precision_plugin", None)
@@ -75,6 +86,15 @@ def run_prefill(
     )
     cached.reset_stats()
     return EpochStats("prefill", trainer.current_epoch, job.module, since(started), done)
+
+
+def dev_run_batches(trainer: pl.Trainer) -> int | None:
+    """How many batches of each loader a ``fast_dev_run`` trainer runs (a smoke test of
+    a few batches, where a whole prefill could take hours); None for a real run."""
+    dev_run = getattr(trainer, "fast_dev_run", False)
+    if dev_run is False:
+        return None
+    return 1 if dev_run is True else int(dev_run)
 
 
 def share(loader: Iterable[Any], rank: int, ranks: int) -> Iterator[Any]:

@@ -177,6 +177,7 @@ from somatize_torch._lightning_options import (
 )
 from somatize_torch._lightning_prefill import (
     PrefillJob,
+    dev_run_batches,
     forward_context,
     generators_kept,
     run_prefill,
@@ -525,7 +526,8 @@ class CacheFrozen(Callback):
                     self.history.append(run_prefill(trainer, pl_module, cached, job))
                 finally:
                     self._key_as("prefill")
-        self._prefills = []
+        if dev_run_batches(trainer) is None:
+            self._prefills = []  # a smoke test's few batches leave them for the real fit
         self._flush(trainer)
 
     # -- counting, per stage

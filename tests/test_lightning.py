@@ -1894,6 +1894,39 @@ def test_prefill_leaves_the_runs_random_numbers_as_they_were(tmp_path: Path) -> 
     assert torch.equal(heads[0], heads[1])
 
 
+class Fetched(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """:func:`data`'s samples, counting how many were fetched."""
+
+    def __init__(self) -> None:
+        self.images, self.labels = data(1)
+        self.fetched = 0
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.fetched += 1
+        return self.images[i], self.labels[i]
+
+
+def test_a_fast_dev_run_prefills_as_many_batches_as_it_runs(tmp_path: Path) -> None:
+    """``fast_dev_run`` is a smoke test of a few batches of each loader: a prefill runs as
+    many batches of its loader as the trainer runs of the training loader, not the whole
+    data set (hours of a real one). Its loader is kept, and the fit after it prefills it
+    whole, recalling the rows the dev run computed (the same first batches)."""
+    prefilled = Fetched()
+    callback = CacheFrozen(None, ["encoder"])
+    callback.prefill(torch.utils.data.DataLoader(prefilled, batch_size=16), progress=False)
+    model = Probe()
+    trainer(tmp_path, 1, callbacks=[callback], fast_dev_run=2).fit(model, loader(shuffle=False))
+    (warm,) = epochs(callback, "prefill")
+    assert warm.rows.rows == prefilled.fetched == 32
+    trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader(shuffle=False))
+    whole = epochs(callback, "prefill")[-1]
+    assert (whole.rows.rows, whole.rows.recalled) == (SAMPLES, 32)
+    assert epochs(callback, "train")[-1].rows.recalled == SAMPLES
+
+
 def test_prefill_makes_the_first_epoch_recall(tmp_path: Path) -> None:
     """prefill(loader) runs before the first epoch, so epoch 1 already recalls every row."""
     callback = CacheFrozen(tmp_path / "store", ["encoder"])
