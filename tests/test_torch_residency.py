@@ -7,6 +7,7 @@ import contextlib
 import errno
 import gc
 import inspect
+import io
 import json
 import logging
 import math
@@ -34,6 +35,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from somatize import CodecError, Graph, Node, SomatizeWarning, Store, StoreError
 from somatize._threads import ProcessLock
+from somatize.data import Parquet
+from somatize.node import Context
 from somatize.store import _local_joined as local_joined
 from somatize.store import records
 from somatize.store._packed import frozen, steady
@@ -47,6 +50,7 @@ from somatize_torch.rows import cache_rows
 from somatize_torch.writer import WaitsForItself, WriteFailed, Writer, store_lock
 from tests.conftest_s3 import s3_options, s3_url
 from tests.forked import in_child, in_forked_child
+from tests.test_data_parquet import bound, numbers
 from tests.test_torch_rows import (
     HalfOfMap,
     Magnitudes,
@@ -3050,3 +3054,112 @@ def test_a_writer_recalls_its_staged_rows_among_rows_it_holds_none_of(store: Sto
     writer.close()
     assert writer.recall({0: keys[2]}) is None  # written: the store has it now
     assert Store(store.root).have(keys) == set(keys)  # type: ignore[attr-defined]
+
+
+class _CallsOneAtATime(_OneThreadStore):
+    """A store not shared by threads that notes each call made into it, or into a handle
+    it handed out, without its lock held by any thread, or while another thread is in a
+    call of it. It keeps no whole copy a reader could map (as a bucket keeps none), so a
+    Parquet source reads its datasets in ranges through ``open_blob``'s handle."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.unlocked: list[str] = []
+        self.overlapped: list[str] = []
+        self._inside: dict[int, int] = {}  # thread id → how deep in calls of the store
+        self._inside_lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def call(self, method: str) -> Iterator[None]:
+        lock = store_lock(self)
+        # Held by the caller, or by another thread (the one a read ahead reads the handle
+        # for): else it is free, and this call is made outside it.
+        if not lock.held_here() and lock.acquire(blocking=False):
+            lock.release()
+            self.unlocked.append(method)
+        me = threading.get_ident()
+        with self._inside_lock:
+            if any(depth for thread, depth in self._inside.items() if thread != me):
+                self.overlapped.append(method)
+            self._inside[me] = self._inside.get(me, 0) + 1
+        try:
+            yield
+        finally:
+            with self._inside_lock:
+                self._inside[me] -= 1
+
+    def local_blob(self, digest: str) -> None:
+        return None
+
+    def open_blob(self, digest: str) -> Any:
+        with self.call("open_blob"):
+            return _NotedHandle(self, super().open_blob(digest))
+
+
+def _noted(method: str) -> Any:
+    def call(self: _CallsOneAtATime, *args: Any, **kwargs: Any) -> Any:
+        with self.call(method):
+            return getattr(LocalStore, method)(self, *args, **kwargs)
+
+    return call
+
+
+for _method in ("resolve", "have", "recall", "recall_many", "keep", "keep_many"):
+    setattr(_CallsOneAtATime, _method, _noted(_method))
+
+
+class _NotedHandle(io.RawIOBase):
+    """A handle :class:`_CallsOneAtATime` handed out: each read of it is a call of the store."""
+
+    def __init__(self, store: _CallsOneAtATime, inner: Any) -> None:
+        super().__init__()
+        self.store = store
+        self.inner = inner
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        with self.store.call("seek"):
+            return int(self.inner.seek(offset, whence))
+
+    def tell(self) -> int:
+        with self.store.call("tell"):
+            return int(self.inner.tell())
+
+    def readinto(self, buffer: Any) -> int:
+        with self.store.call("readinto"):
+            return int(self.inner.readinto(buffer))
+
+    def close(self) -> None:
+        if not self.closed:
+            with self.store.call("close"):
+                self.inner.close()
+        super().close()
+
+
+def test_a_parquet_source_calls_a_store_not_shared_by_threads_under_its_lock(
+    tmp_path: Path,
+) -> None:
+    """A Parquet source over a store that may not be read while another thread writes
+    through it (a row cache's writer, over the same store) resolves, opens and reads its
+    dataset only under the lock that writer holds as it writes: no call of the store, nor
+    of the handle it opened, overlaps a write in progress."""
+    store = _CallsOneAtATime(tmp_path / "store")
+    bound(store, numbers(1000), row_group_size=100)
+    cached = cache_rows(mlp(), store)
+    cached(rows(8))  # a writer thread for this store, writing behind the reads
+    source = Parquet(store, "data/n")
+    for at in range(0, 1000, 150):
+        cached(rows(8, seed=at + 2))  # more rows for the writer meanwhile
+        frame = source.forward({"at": at, "take": 150}, Context(name="source"))
+        assert frame.column("n") == list(range(at, min(at + 150, 1000)))
+    assert source.count_rows() == 1000
+    source.close()
+    cached.flush()
+    cached.close()
+    assert store.unlocked == []
+    assert store.overlapped == []

@@ -354,10 +354,14 @@ class _File:
         handle: Any,
         footer: _Footer,
         unchanged: Callable[[], bool] | None = None,
+        guard: contextlib.AbstractContextManager[object] | None = None,
     ) -> None:
         self.file = file
         self.handle = handle
         self.footer = footer
+        self.guard = contextlib.nullcontext() if guard is None else guard
+        """Held while the handle is read or closed: the lock of a store that may not be read
+        while another thread writes through it (the handle may be its own); else nothing."""
         self.unchanged = unchanged
         """Checks, around each row group read, that the file is still the one that was
         verified: False when it is, True when it had changed and was verified again (what
@@ -394,6 +398,10 @@ class _File:
     def _read_group(self, index: int) -> pyarrow.Table:
         """Row group ``index`` decoded, read between two checks that the file is unchanged:
         a file written in place while it was read may have handed over some new bytes."""
+        with self.guard:
+            return self._read_group_checked(index)
+
+    def _read_group_checked(self, index: int) -> pyarrow.Table:
         unchanged = self.unchanged
         for _ in range(3):
             if unchanged is not None:
@@ -453,8 +461,9 @@ class _File:
         return table
 
     def close(self) -> None:
-        self.file.close()
-        self.handle.close()
+        with self.guard:
+            self.file.close()
+            self.handle.close()
 
 
 class _OpenFiles:

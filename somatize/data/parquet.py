@@ -36,7 +36,10 @@ so a blob cut short on disk while it is open is a short read (Corrupt), not a
 crash (SIGBUS). From any other store (a bucket with no
 copy in a cache) it is read in ranges through ``store.open_blob`` and is not
 hashed whole: only pages that carry checksums are checked, so write a dataset
-meant for a bucket with ``write_page_checksum=True``.
+meant for a bucket with ``write_page_checksum=True``. A store that may not be read while
+another thread writes through it (``shared_by_threads`` False: a row cache's writer) is
+called under its lock (:func:`~somatize.store._serial.reading`), and the file it opened
+is read and closed under it too.
 
 ``ParquetDir(path)`` is the same over a directory of ``.parquet`` files, for data
 that does not live in a store; it is defined in :mod:`somatize.data.parquet_dir`
@@ -83,6 +86,7 @@ from somatize.data.frame import Frame
 from somatize.data.parquet_dir import DatasetChanged, ParquetDir
 from somatize.node import Context
 from somatize.store import Corrupt, LocalStore, Missing, Store
+from somatize.store._serial import reading
 from somatize.store.local import Stamp, stamp_of
 
 __all__ = ["DatasetChanged", "NotParquet", "Parquet", "ParquetDir"]
@@ -169,7 +173,8 @@ class Parquet(_Versioned):
         self.store = store
         self.dataset = name
         self._columns = _columns_of(columns)
-        self._version = store.resolve(name)
+        with reading(store):  # a row cache's writer may be writing through it meanwhile
+            self._version = store.resolve(name)
         """The digest ``name`` resolved to when this source was built: its state."""
         self._fresh()
 
@@ -260,7 +265,13 @@ class Parquet(_Versioned):
     def _opened(self) -> _File:
         """The dataset's file, opened: verified and read through a file when the store
         keeps it whole on a local disk (in memory when it is small), read in ranges
-        otherwise."""
+        otherwise. A store that may not be read while another thread writes through it (a
+        row cache's writer) is called under its lock, and so is the file it hands over,
+        whenever it is read or closed: that file may be the store's own object."""
+        with reading(self.store):
+            return self._opened_here()
+
+    def _opened_here(self) -> _File:
         where = f"`{self.dataset}` ({self.version})"
         store = self.store
         try:
@@ -298,7 +309,7 @@ class Parquet(_Versioned):
             footer = _Footer(file, where, self.columns)
             if unchanged is not None:
                 unchanged()  # and the footer was read from it
-            return _File(file, source, footer, unchanged)
+            return _File(file, source, footer, unchanged, reading(store))
         except BaseException:
             source.close()
             raise
@@ -306,7 +317,7 @@ class Parquet(_Versioned):
     def _verify_again(self) -> None:
         """Has the store verify the dataset's blob again, so that it moves a damaged one to
         quarantine as it does any damaged blob; what it finds is not raised here."""
-        with contextlib.suppress(Missing, Corrupt, OSError):
+        with contextlib.suppress(Missing, Corrupt, OSError), reading(self.store):
             whole = self.store.local_blob(self.version)
             if whole is not None:
                 _let_go(whole)
@@ -314,7 +325,8 @@ class Parquet(_Versioned):
     def _removed(self) -> str:
         """Why the blob this source was built at cannot be read, and the two ways on."""
         try:
-            now = self.store.resolve(self.dataset)
+            with reading(self.store):
+                now = self.store.resolve(self.dataset)
         except (KeyError, OSError, ValueError):
             now = None
         bound = (
