@@ -49,6 +49,7 @@ from somatize.node import Context, running_here
 from somatize.plan import Plan, changed_code, item_keys_from
 from somatize.store import Corrupt, Missing
 from somatize.store._serial import reading
+from somatize.store.base import recalled
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -195,7 +196,7 @@ class _Run:
         assert store is not None
         try:
             with reading(store):
-                return store.recall(key)
+                return recalled(store, key)
         except (Missing, Corrupt) as error:
             return error
 

@@ -7,6 +7,7 @@ list. The S3 home talks to a real S3-compatible server on loopback.
 
 from __future__ import annotations
 
+import abc
 import copy
 import itertools
 import os
@@ -24,10 +25,11 @@ import blake3
 import numpy
 import pytest
 
-from somatize import Answer, BadName, Corrupt, Missing, NameNotFound, Store
+from somatize import Answer, BadName, Corrupt, Graph, Missing, NameNotFound, Store
 from somatize.store import BucketStore, JoinedWrite, LocalStore, records
 from somatize.store.base import StoreFull
 from tests.conftest_s3 import s3_options, s3_url
+from tests.nodes import Square
 
 Factory = Callable[[Path], Store]
 
@@ -1420,3 +1422,61 @@ def test_gc_within_the_grace_counts_the_blobs_it_leaves_as_kept(home: Store) -> 
     assert done.kept == 5000 and done.young == 5000
     done = reopen(home).gc(0, grace=0)
     assert done.blobs == 1 and done.kept == 0 and done.young == 0
+
+
+class _RecallsKeyError(Store):
+    """A store of a user's own whose ``recall`` raises a plain KeyError for a key it lacks
+    (a dict's lookup), where the contract says Missing."""
+
+    def __init__(self) -> None:
+        self.answers: dict[str, tuple[Answer, memoryview]] = {}
+
+    def recall(self, key: str) -> tuple[Answer, memoryview]:
+        return self.answers[key]
+
+
+def _unwritten(self: Store, *args: Any, **kwargs: Any) -> Any:
+    raise NotImplementedError
+
+
+for _name in sorted(Store.__abstractmethods__):
+    if _name not in _RecallsKeyError.__dict__:
+        setattr(_RecallsKeyError, _name, _unwritten)
+abc.update_abstractmethods(_RecallsKeyError)
+
+
+class _RecallsMissing(_RecallsKeyError):
+    """The same store, raising Missing for a key it lacks, as the contract says."""
+
+    def recall(self, key: str) -> tuple[Answer, memoryview]:
+        if key not in self.answers:
+            raise Missing(f"no answer {key}")
+        return self.answers[key]
+
+
+def test_a_plain_key_error_from_a_stores_recall_is_refused_naming_missing() -> None:
+    """``recall_many``, as a store of a user's own inherits it, takes a plain KeyError
+    from its ``recall`` for no miss (it may be a bug in the store): it is refused, naming
+    the class and saying that ``recall`` raises Missing for a key it lacks. Missing is a
+    miss, as ever."""
+    store = _RecallsKeyError()
+    with pytest.raises(TypeError, match=r"`_RecallsKeyError\.recall` raised a KeyError.*Missing"):
+        store.recall_many([KEY])
+    assert isinstance(_RecallsMissing().recall_many([KEY])[KEY], Missing)
+
+
+class _LocalRecallsKeyError(LocalStore):
+    """A directory's store whose ``recall`` raises a plain KeyError."""
+
+    def recall(self, key: str) -> tuple[Answer, memoryview]:
+        raise KeyError(key)
+
+
+def test_a_graph_refuses_a_plain_key_error_from_a_stores_recall(tmp_path: Path) -> None:
+    """A graph recalling one answer from a store whose ``recall`` raises a plain KeyError
+    refuses it, naming the class and Missing, rather than crashing with a bare KeyError."""
+    store = _LocalRecallsKeyError(tmp_path / "store")
+    graph = Graph.somatize(Square().named("square").frozen().mapped().cached())
+    assert graph.forward([3], store=store) == [9]  # kept
+    with pytest.raises(TypeError, match=r"`_LocalRecallsKeyError\.recall` raised a KeyError"):
+        graph.forward([3], store=store)

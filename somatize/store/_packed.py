@@ -81,6 +81,7 @@ from somatize.store.base import (
     check_digest,
     check_labels,
     keys_of,
+    recalled,
     unmarked,
 )
 from somatize.store.records import (
@@ -1215,7 +1216,7 @@ class PackedHome(Spills, Store):
             rest.extend(self._kept_anew(gone, out))
         for key in rest:
             try:
-                out[key] = self.recall(key)
+                out[key] = recalled(self, key)
             except StoreError as why:
                 out[key] = why
         self._write_down_uses(now)

@@ -329,6 +329,26 @@ def keys_of(keys: Iterable[str], method: str = "have") -> Sequence[str]:
     return list(keys)
 
 
+def recalled(store: Store, key: str) -> tuple[Answer, memoryview]:
+    """``store.recall(key)``; a TypeError naming the fix when it raised a KeyError that is
+    no :class:`Missing` (a store of a user's own looking ``key`` up in a dict). It is not
+    taken for a miss: a KeyError may as well come from a bug inside the store, which would
+    then be passed over, every answer computed again."""
+    try:
+        return store.recall(key)
+    except StoreError:
+        raise
+    except KeyError as why:
+        kind = type(store).__qualname__
+        raise TypeError(
+            f"`{kind}.recall` raised a KeyError ({why}) for {key}, where a store's recall "
+            "raises `somatize.store.Missing` for a key it lacks; a plain KeyError is not "
+            f"taken for a miss, since it may come from a bug in the store. Make `{kind}.recall` "
+            'raise `Missing(...)` for a key it does not have (docs/store.md, "A store of '
+            'your own")'
+        ) from why
+
+
 def unbacked(name: str, digest: str, where: str) -> Missing:
     """The refusal to bind ``name`` to ``digest``, which ``where`` keeps no blob of."""
     return Missing(
@@ -826,7 +846,7 @@ class Store(abc.ABC):  # noqa: B024 (its abstract methods are marked by `require
         out: dict[str, tuple[Answer, memoryview] | Exception] = {}
         for key in keys_of(keys, "recall_many"):
             try:
-                out[key] = self.recall(key)
+                out[key] = recalled(self, key)
             except StoreError as why:
                 out[key] = why
         return out
