@@ -1452,6 +1452,23 @@ def test_a_parquet_source_crosses_by_reference(tmp_path: Path, store: Store) -> 
     assert not [f for f in seen if f["fact"] == "crossed" and f["way"] == "state"]
 
 
+def test_an_unsettled_parquet_source_on_a_worker_is_told_to_settle(store: Store) -> None:
+    """A Parquet source nobody settled, placed on a network worker, was refused with advice
+    meant for torch weights: to call `somatize.torch.freeze(g)`, which refuses a dataset. It
+    is told to call `somatize.data.settle(g)`, and runs once it has."""
+    bound(store, numbers(10), "numbers")
+    g = Graph.somatize(
+        Parquet(store, "numbers").named("data").frozen().at("w1") >> Count().named("count")
+    )
+    refused = r"`data` \(Parquet\) is placed on network worker `w1`.*not settled at any.*"
+    refused += r"`somatize\.data\.settle\(g\)`"
+    with pytest.raises(Unbuildable, match=refused) as said:
+        g.forward({"at": 0, "take": 4}, broker=_network())
+    assert "torch" not in str(said.value) and "weights" not in str(said.value)
+    settle(g)
+    assert g.forward({"at": 0, "take": 4}, broker=_network()) == 4
+
+
 def test_a_name_rebound_after_settling_is_refused_on_a_worker(tmp_path: Path, store: Store) -> None:
     """The worker resolves the name anew; bound to other bytes since the source was built, it
     is refused (StateMismatch) and nothing is kept, where the graph itself still reads the

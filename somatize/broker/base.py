@@ -402,12 +402,14 @@ class Broker(abc.ABC):
                 raise Unbuildable(
                     f"`{node}` ({graph.kind_of(node)}) is placed on network worker `{worker}`, "
                     + (
-                        "which rebuilds it and checks that the copy says the state the graph "
+                        "which rebuilds it and checks that the copy is at the state the graph "
                         "is settled at — and it is not settled at any: a copy made there "
                         "would read what it reads as it is then, which nobody can check. "
                         "Nothing has run. Declare it `.frozen()` and settle it "
                         "(`somatize.data.settle(g)`), or place it on a "
-                        if says and not graph.holds_state(node)
+                        # A node saying its own state (a dataset) is settled by `settle`,
+                        # whether or not it holds that state too; `freeze` refuses it.
+                        if says
                         else "which rebuilds it and loads the state the graph is frozen at — "
                         "and it is not frozen at any: a worker would hold weights nobody can "
                         "check, and they would go stale as they train here. Nothing has run. "
