@@ -108,12 +108,15 @@ def _package(root: Path, name: str, **modules: str) -> Path:
     return package
 
 
-def _fingerprints_in(root: Path, module: str, *kinds: str, **environment: str) -> list[str]:
-    """The fingerprints of the classes ``kinds`` of ``module``, found under ``root``, worked
-    out in a new process with ``environment`` set besides."""
+def _fingerprints_in(
+    root: Path, module: str, *kinds: str, also: tuple[Path, ...] = (), **environment: str
+) -> list[str]:
+    """The fingerprints of the classes ``kinds`` of ``module``, found under ``root`` (or
+    under ``also``, imported from too), worked out in a new process with ``environment``
+    set besides."""
     script = f"import {module} as m\nfrom somatize.catalog import fingerprint_of as f\n"
     script += f"print({', '.join(f'f(m.{kind})' for kind in kinds)})\n"
-    return _printed(["-c", script], root, **environment).split()
+    return _printed(["-c", script], root, *also, **environment).split()
 
 
 _BASES = """
@@ -406,6 +409,138 @@ def test_a_wrapper_a_decorator_of_its_package_makes_is_read_by_its_own_code(
     _write(tmp_path / "wrapping" / "shifting.py", edited)
     now = _fingerprints_in(tmp_path, "wrapping.nodes", *kinds)
     assert [a != b for a, b in zip(now, first, strict=True)] == [True, True]
+
+
+_SHARED_DECORATORS = """
+import functools
+
+def _times(k, x):
+    return k * x
+
+def twice(function):
+    @functools.wraps(function)
+    def wrapper(*args):
+        return _times(2, function(*args))
+    return wrapper
+
+def scaled(k):
+    def decorator(function):
+        @functools.wraps(function)
+        def wrapper(*args):
+            return k * function(*args)
+        return wrapper
+    return decorator
+
+def doubled_forward(kind):
+    forward = kind.forward
+    @functools.wraps(forward)
+    def wrapper(self, x, ctx):
+        return 2 * forward(self, x, ctx)
+    kind.forward = wrapper
+    return kind
+"""
+
+_NODES_OF_SHARED = """
+import functools
+import os
+
+import torch
+from somatize import Node
+from shared_lib.decorators import doubled_forward, scaled, twice
+
+FACTOR = int(os.environ.get("FACTOR", "2"))
+
+@twice
+def _helped(x):
+    return x
+
+class Twice(Node):
+    @twice
+    def forward(self, x, ctx):
+        return x
+
+class WrappedHelper(Node):
+    def forward(self, x, ctx):
+        return _helped(x)
+
+@doubled_forward
+class ClassDecorated(Node):
+    def forward(self, x, ctx):
+        return x
+
+class NoGradTwice(Node):
+    @torch.no_grad()
+    @twice
+    def forward(self, x, ctx):
+        return x
+
+class Scaled(Node):
+    @scaled(FACTOR)
+    def forward(self, x, ctx):
+        return x
+
+class LibraryWrapped(Node):
+    @functools.lru_cache(maxsize=None)
+    def _cached(self, x):
+        return x
+
+    @torch.no_grad()
+    def forward(self, x, ctx):
+        return self._cached(x)
+"""
+
+_SHARED_KINDS = (
+    "Twice",
+    "WrappedHelper",
+    "ClassDecorated",
+    "NoGradTwice",
+    "Scaled",
+    "LibraryWrapped",
+)
+
+
+def _shared_checkout(tmp_path: Path) -> tuple[Path, Path]:
+    """A project folder holding a node module, and apart from it a folder holding the
+    package of decorators it imports (a team's shared checkout on ``$PYTHONPATH``)."""
+    project, shared = tmp_path / "project", tmp_path / "shared"
+    project.mkdir()
+    shared.mkdir()
+    _package(shared, "shared_lib", decorators=_SHARED_DECORATORS)
+    _write(project / "shared_nodes.py", _NODES_OF_SHARED)
+    return project, shared
+
+
+def test_a_wrapper_of_a_package_not_installed_is_a_node_s_code(tmp_path: Path) -> None:
+    """The wrapper a decorator of another package puts around a node's method, a helper it
+    calls, or its class's method (a class decorator) is the node's code where that package
+    is not installed (a shared checkout on ``$PYTHONPATH``): the decorator edited
+    (``twice`` made to treble), or a helper it calls, is another fingerprint in a new
+    process, so the old answers are never recalled as current. So is another value a
+    decorator is given (``@scaled(FACTOR)``, read from the environment), which its
+    wrapper closes over. The standard library's and torch's wrappers are still left out."""
+    project, shared = _shared_checkout(tmp_path)
+    first = _fingerprints_in(project, "shared_nodes", *_SHARED_KINDS, also=(shared,))
+    assert _fingerprints_in(project, "shared_nodes", *_SHARED_KINDS, also=(shared,)) == first
+    factor = _fingerprints_in(project, "shared_nodes", *_SHARED_KINDS, also=(shared,), FACTOR="3")
+    assert [a != b for a, b in zip(factor, first, strict=True)] == [False] * 4 + [True, False]
+    edited = _SHARED_DECORATORS.replace("_times(2,", "_times(3,")
+    edited = edited.replace("k * function", "k * k * function").replace(
+        "2 * forward", "3 * forward"
+    )
+    _write(shared / "shared_lib" / "decorators.py", edited)
+    now = _fingerprints_in(project, "shared_nodes", *_SHARED_KINDS, also=(shared,))
+    assert [a != b for a, b in zip(now, first, strict=True)] == [True] * 5 + [False]
+    helper = edited.replace("return k * x", "return k * x + 1")
+    _write(shared / "shared_lib" / "decorators.py", helper)
+    again = _fingerprints_in(project, "shared_nodes", *_SHARED_KINDS, also=(shared,))
+    assert [a != b for a, b in zip(again, now, strict=True)] == [
+        True,
+        True,
+        False,
+        True,
+        False,
+        False,
+    ]
 
 
 _BESIDE_NODES = """

@@ -263,7 +263,7 @@ def _functions_in(member: Any) -> list[FunctionType]:
     """The plain functions a class attribute runs: itself, what a static or class method,
     a property or a cached property holds, each unwrapped from a decorator that says what
     it wraps (``functools.wraps``) — what it wraps first, then the wrappers around it of a
-    decorator of its module or package (:func:`_wrappers_of`), which run too —, or a
+    decorator of the user's code (:func:`_wrappers_of`), which run too —, or a
     partial (``functools.partial``, ``partialmethod``) made of (:func:`_bound_in` says the
     arguments it binds)."""
     kind = type(member)
@@ -297,8 +297,9 @@ def _wrappers_of(function: Any, unwrapped: Any) -> list[FunctionType]:
     """The plain functions ``function`` runs around ``unwrapped``, what it wraps (the
     ``wrapper`` a decorator of the code makes, ``functools.wraps``; the ``__call__`` of an
     object that wraps it, ``functools.update_wrapper(self, function)``), outermost first —
-    each written in the module of ``unwrapped`` or of its package: a decorator of the
-    library's or of another package (``torch.no_grad``) is not the node's code."""
+    each written in the user's code (:func:`_wrapper_of_the_code`): a decorator of the
+    library's or of an installed package (``torch.no_grad``, ``functools.lru_cache``) is
+    not the node's code, and its upgrade drifts nothing."""
     if not isinstance(unwrapped, FunctionType) or not isinstance(unwrapped.__module__, str):
         return []
     module = unwrapped.__module__
@@ -309,14 +310,27 @@ def _wrappers_of(function: Any, unwrapped: Any) -> list[FunctionType]:
             kinds = type(function).__mro__
             runs = next((vars(k)["__call__"] for k in kinds if "__call__" in vars(k)), None)
         made_in = getattr(runs, "__globals__", {}).get("__name__")
-        if (
-            type(runs) is FunctionType
-            and isinstance(made_in, str)
-            and (made_in == module or _same_package(made_in, module))
-        ):
+        if type(runs) is FunctionType and _wrapper_of_the_code(made_in, module):
             found.append(runs)
         function = function.__wrapped__
     return found
+
+
+def _wrapper_of_the_code(made_in: Any, module: str) -> bool:
+    """Whether a wrapper written in module ``made_in`` around a function of ``module`` is
+    the user's code: written in that module or its package (:func:`_same_package`), or in
+    another package that is not installed (a team's shared checkout on ``$PYTHONPATH``,
+    :func:`project_of`), whose edits change what the node computes as the node's own do.
+    Not one of the library's (the standard library's, torch's, somatize's) nor of an
+    installed package, whose upgrade would drift every answer."""
+    if not isinstance(made_in, str):
+        return False
+    if made_in == module or _same_package(made_in, module):
+        return True
+    top = main_named(made_in.partition(".")[0])
+    if top in _LEFT_OUT or top in ("somatize", "somatize_torch") or standard_module(top):
+        return False
+    return project_of(top) is not None
 
 
 _PARTIALS = (functools.partial, functools.partialmethod)
