@@ -543,6 +543,22 @@ def test_a_wrapper_of_a_package_not_installed_is_a_node_s_code(tmp_path: Path) -
     ]
 
 
+def test_a_wrapper_of_an_installed_package_is_not_a_node_s_code(tmp_path: Path) -> None:
+    """The same decorators from a package installed (a ``.dist-info`` records it) are not
+    the node's code: upgraded, they leave every fingerprint as it was, as torch's and the
+    standard library's do."""
+    project, shared = _shared_checkout(tmp_path)
+    info = shared / "shared_lib-1.0.dist-info"
+    info.mkdir()
+    (info / "RECORD").write_text("shared_lib/__init__.py,,\nshared_lib/decorators.py,,\n")
+    first = _fingerprints_in(project, "shared_nodes", *_SHARED_KINDS, also=(shared,))
+    edited = _SHARED_DECORATORS.replace("_times(2,", "_times(3,").replace(
+        "2 * forward", "3 * forward"
+    )
+    _write(shared / "shared_lib" / "decorators.py", edited.replace("k * function", "-k * function"))
+    assert _fingerprints_in(project, "shared_nodes", *_SHARED_KINDS, also=(shared,)) == first
+
+
 _BESIDE_NODES = """
 import beside_helpers
 from somatize import Node

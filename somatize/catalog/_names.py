@@ -263,8 +263,22 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
-                out[place] = (b"uses " + label, _helper_function_bytes(name, value))
-                queue.append(value)
+                unwrapped = _functions_in(value) if "__wrapped__" in vars(value) else []
+                if not unwrapped:
+                    out[place] = (b"uses " + label, _helper_function_bytes(name, value))
+                    queue.append(value)
+                    continue
+                # a wrapper (`functools.wraps`): by what it wraps and the wrappers of the
+                # user's code, not torch's nor an installed package's, whose upgrade would
+                # drift every answer
+                out[place] = (
+                    b"uses " + label,
+                    _joined(b"wrapped", _helper_bytes(value, unwrapped[0])),
+                )
+                for function in unwrapped:  # the wrapper itself, where it is the code's
+                    if function is value or id(function) not in seen:
+                        seen.add(id(function))
+                        queue.append(function)
             elif (wrapped := _helper_in(value, module)) is not None:
                 # a helper wrapped where it is defined: by the function and what is bound
                 out[place] = (b"uses " + label, _joined(b"wrapped", _helper_bytes(value, wrapped)))
