@@ -90,9 +90,10 @@ def run_prefill(
 
 def dev_run_batches(trainer: pl.Trainer) -> int | None:
     """How many batches of each loader a ``fast_dev_run`` trainer runs (a smoke test of
-    a few batches, where a whole prefill could take hours); None for a real run."""
+    a few batches, where a whole prefill could take hours); None for a real run, which
+    ``fast_dev_run=0`` is to Lightning as ``False`` is."""
     dev_run = getattr(trainer, "fast_dev_run", False)
-    if dev_run is False:
+    if not dev_run:
         return None
     return 1 if dev_run is True else int(dev_run)
 

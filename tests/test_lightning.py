@@ -1909,22 +1909,41 @@ class Fetched(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return self.images[i], self.labels[i]
 
 
+def _fit_prefilling(tmp_path: Path, **options: Any) -> tuple[Fetched, CacheFrozen, Probe]:
+    """A fit under a trainer made with ``options``, prefilling a loader of :class:`Fetched`
+    samples first: the samples, the callback and the model it fitted."""
+    prefilled = Fetched()
+    callback = CacheFrozen(None, ["encoder"])
+    callback.prefill(torch.utils.data.DataLoader(prefilled, batch_size=16), progress=False)
+    model = Probe()
+    trainer(tmp_path, 1, callbacks=[callback], **options).fit(model, loader(shuffle=False))
+    return prefilled, callback, model
+
+
 def test_a_fast_dev_run_prefills_as_many_batches_as_it_runs(tmp_path: Path) -> None:
     """``fast_dev_run`` is a smoke test of a few batches of each loader: a prefill runs as
     many batches of its loader as the trainer runs of the training loader, not the whole
     data set (hours of a real one). Its loader is kept, and the fit after it prefills it
     whole, recalling the rows the dev run computed (the same first batches)."""
-    prefilled = Fetched()
-    callback = CacheFrozen(None, ["encoder"])
-    callback.prefill(torch.utils.data.DataLoader(prefilled, batch_size=16), progress=False)
-    model = Probe()
-    trainer(tmp_path, 1, callbacks=[callback], fast_dev_run=2).fit(model, loader(shuffle=False))
+    prefilled, callback, model = _fit_prefilling(tmp_path, fast_dev_run=2)
     (warm,) = epochs(callback, "prefill")
     assert warm.rows.rows == prefilled.fetched == 32
     trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader(shuffle=False))
     whole = epochs(callback, "prefill")[-1]
     assert (whole.rows.rows, whole.rows.recalled) == (SAMPLES, 32)
     assert epochs(callback, "train")[-1].rows.recalled == SAMPLES
+
+
+def test_a_fast_dev_run_of_0_is_a_real_run_and_prefills_whole(tmp_path: Path) -> None:
+    """``fast_dev_run=0`` (a config's or a command line's way to turn it off) is a real run
+    to Lightning, which runs every batch: the prefill runs its whole loader too, not none
+    of it, and is not left for a later fit."""
+    prefilled, callback, model = _fit_prefilling(tmp_path, fast_dev_run=0)
+    (warm,) = epochs(callback, "prefill")
+    assert warm.rows.rows == prefilled.fetched == SAMPLES
+    assert epochs(callback, "train")[-1].rows.recalled == SAMPLES
+    trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader(shuffle=False))
+    assert len(epochs(callback, "prefill")) == 1
 
 
 def test_prefill_makes_the_first_epoch_recall(tmp_path: Path) -> None:
