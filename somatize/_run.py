@@ -48,7 +48,7 @@ from somatize.keys import item_key, root_key
 from somatize.node import Context, running_here
 from somatize.plan import Plan, changed_code, item_keys_from
 from somatize.store import Corrupt, Missing
-from somatize.store._serial import reading
+from somatize.store._serial import reading, serially
 from somatize.store.base import recalled
 
 if TYPE_CHECKING:
@@ -195,8 +195,7 @@ class _Run:
         store = self.store
         assert store is not None
         try:
-            with reading(store):
-                return recalled(store, key)
+            return serially(store, recalled, store, key)
         except (Missing, Corrupt) as error:
             return error
 
@@ -227,8 +226,7 @@ class _Run:
         if len(keys) == 1:
             found = {keys[0]: self._recalled(keys[0])}
         else:
-            with reading(store):
-                found = store.recall_many(keys)
+            found = serially(store, store.recall_many, keys)
         said: dict[_Unused | type[_Recompute], Fact] = {}
         damaged: dict[str, Fact] = {}  # key → the fact saying so
         decoded: set[str] = set()
@@ -706,8 +704,7 @@ class _Run:
                 plan.items[node] = items
                 assert self.store is not None
                 if items:
-                    with reading(self.store):
-                        plan.have |= self.store.have(items)
+                    plan.have |= serially(self.store, self.store.have, items)
             else:
                 items = plan.items[node]
         out: list[Any] = [None] * count

@@ -52,7 +52,7 @@ from somatize._look_again import look_again
 from somatize._precision import Precision, keyed_in_precision, precision_now
 from somatize._threads import make_room
 from somatize.memory import cacheable, settled, upstream
-from somatize.store._serial import reading
+from somatize.store._serial import serially
 
 if TYPE_CHECKING:
     from somatize.graph import Graph
@@ -362,7 +362,7 @@ def compile(
             static.known[root] = (plan.keys, asked, walks)
         else:
             plan.keys, asked, walks = found  # read, never written, after planning
-        plan.have = _had(store, asked)
+        plan.have = serially(store, store.have, asked) if asked else set()
         # The walk follows from the keys (this input's), what the store has of them and
         # the outputs asked for: the same three decide the same, and are remembered.
         wanted = outputs if type(outputs) is tuple else tuple(outputs)
@@ -392,18 +392,9 @@ def compile(
         asked = [keys[n] for n in static.whole]
         for node in static.itemized:
             asked.extend(plan.items[node])
-        plan.have = _had(store, asked)
+        plan.have = serially(store, store.have, asked) if asked else set()
     plan.walk(outputs)
     return plan
-
-
-def _had(store: Store, asked: list[str]) -> set[str]:
-    """Which of the keys ``asked`` the store has, asked under the store's lock where it
-    may not be read while another thread (a row cache's writer) writes through it."""
-    if not asked:
-        return set()
-    with reading(store):
-        return store.have(asked)
 
 
 def _node_keys(static: Static, root: str) -> dict[str, str]:

@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from somatize._threads import ProcessLock
 from somatize.store.base import Store
 
-__all__ = ["holds_lock", "reading", "store_lock"]
+__all__ = ["holds_lock", "reading", "serially", "store_lock"]
+
+_T = TypeVar("_T")
 
 _LOCKS: weakref.WeakKeyDictionary[Store, ProcessLock] = weakref.WeakKeyDictionary()
 _LOCKS_LOCK = ProcessLock()
@@ -38,6 +42,17 @@ def reading(store: Store) -> contextlib.AbstractContextManager[object]:
     while another writes through it, so that a forward never waits for a write in
     progress; else :func:`store_lock`, which a writer thread holds as it writes."""
     return contextlib.nullcontext() if store.shared_by_threads else store_lock(store)
+
+
+def serially(store: Store, call: Callable[..., _T], *args: Any) -> _T:
+    """``call(*args)``, a call into ``store``, made as :func:`reading` says: under
+    :func:`store_lock` where ``store`` may not be read while another thread writes through
+    it, else straight. A recalled forward of a graph calls its store this way, and enters
+    no context for a store shared by threads: each costs as much as the store's lookup."""
+    if store.shared_by_threads:
+        return call(*args)
+    with store_lock(store):
+        return call(*args)
 
 
 def holds_lock(store: Store) -> bool:
