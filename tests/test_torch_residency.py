@@ -50,7 +50,7 @@ from somatize_torch.rows import cache_rows
 from somatize_torch.writer import WaitsForItself, WriteFailed, Writer, store_lock
 from tests.conftest_s3 import s3_options, s3_url
 from tests.forked import in_child, in_forked_child
-from tests.test_data_parquet import bound, numbers
+from tests.test_data_parquet import CountingStore, bound, numbers
 from tests.test_torch_rows import (
     HalfOfMap,
     Magnitudes,
@@ -2338,6 +2338,40 @@ def test_a_graph_forward_calls_a_store_not_shared_by_threads_under_its_lock(
     cached.flush()
     cached.close()
     assert store.unlocked == []
+
+
+class _ComparedByHome(CountingStore):
+    """A store of a user's own, not shared by threads, that compares by the store it
+    reads, as a dataclass compares by its fields: equal stores, and no hash."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ComparedByHome) and other.inner is self.inner
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_a_store_of_one_s_own_compared_by_value_is_locked_as_its_own_object(
+    tmp_path: Path,
+) -> None:
+    """A store not shared by threads that compares by value, and so has no hash, is called
+    by a graph and a row cache under a lock of its own object: the forwards run (where
+    they stopped on `unhashable type`), and an equal store is another object, locked apart."""
+    store = _ComparedByHome(LocalStore(tmp_path / "store"))
+    twin = _ComparedByHome(store.inner)
+    cached = cache_rows(mlp(), store)
+    first = cached(rows(8))
+    graph = Graph.somatize(_Total().named("total").frozen().cached())
+    assert graph.forward([1, 2], store=store) == graph.forward([1, 2], store=twin) == 3
+    cached.flush()
+    again = cache_rows(mlp(), twin)
+    assert torch.equal(again(rows(8)), first)
+    assert store_lock(store) is store_lock(store) is not store_lock(twin)
+    cached.close()
+    again.close()
+    held = weakref.ref(twin)
+    del again, twin
+    gc.collect()
+    assert held() is None  # its lock holds no store alive
 
 
 def test_stats_reset_during_a_forward_count_its_rows_once_and_whole(

@@ -23,7 +23,10 @@ __all__ = ["holds_lock", "reading", "serially", "store_lock"]
 
 _T = TypeVar("_T")
 
-_LOCKS: weakref.WeakKeyDictionary[Store, ProcessLock] = weakref.WeakKeyDictionary()
+_LOCKS: dict[int, tuple[weakref.ref[Store], ProcessLock]] = {}
+"""A live store object's ``id`` → the object (weakly) and its lock. Keyed by identity, not
+by the store's hash: a store of a user's own may compare by value (a dataclass), which
+leaves it unhashable, and two equal stores are two objects, each with its own calls."""
 _LOCKS_LOCK = ProcessLock()
 
 
@@ -31,10 +34,28 @@ def store_lock(store: Store) -> ProcessLock:
     """The lock held around every call into ``store`` that may overlap a write through it
     on another thread (one per store object)."""
     with _LOCKS_LOCK:
-        lock = _LOCKS.get(store)
+        lock = _lock_of(store)
         if lock is None:
-            lock = _LOCKS[store] = ProcessLock()
+            lock = ProcessLock()
+            key = id(store)
+            _LOCKS[key] = (weakref.ref(store, lambda ref: _forget(key, ref)), lock)
         return lock
+
+
+def _lock_of(store: Store) -> ProcessLock | None:
+    """The lock :func:`store_lock` made for ``store``, if it made one (caller holds
+    ``_LOCKS_LOCK``): not one of a collected object whose ``id`` it now has."""
+    found = _LOCKS.get(id(store))
+    return found[1] if found is not None and found[0]() is store else None
+
+
+def _forget(key: int, ref: weakref.ref[Store]) -> None:
+    """Drops the lock of a store object just collected, unless its ``id`` already names
+    another's."""
+    with _LOCKS_LOCK:
+        found = _LOCKS.get(key)
+        if found is not None and found[0] is ref:
+            del _LOCKS[key]
 
 
 def reading(store: Store) -> contextlib.AbstractContextManager[object]:
@@ -59,5 +80,5 @@ def holds_lock(store: Store) -> bool:
     """Whether the calling thread holds :func:`store_lock` of ``store`` (which a thread
     writing through it would wait for)."""
     with _LOCKS_LOCK:
-        lock = _LOCKS.get(store)
+        lock = _lock_of(store)
     return lock is not None and lock.held_here()
