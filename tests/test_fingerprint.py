@@ -8141,3 +8141,15 @@ def test_a_helper_made_with_globals_naming_no_module_is_named_by_its_code(
         assert graph.forward(2) == 2 + step
         seen.append(fingerprint_of(loaded.UsesMade))
     assert seen[0] == seen[1] != seen[2]
+
+
+@pytest.mark.parametrize("said", [5, b"/elsewhere/mailbox.py", None])
+def test_a_stand_in_under_a_standard_name_with_an_odd_file_is_looked_at_without_error(
+    monkeypatch: pytest.MonkeyPatch, said: object
+) -> None:
+    """A stand-in a program put in `sys.modules` under a name of the standard library's,
+    whose `__file__` is no path, is taken for no module of Python's, without an error."""
+    module = types.ModuleType("mailbox")
+    module.__file__ = said  # type: ignore[assignment]
+    monkeypatch.setitem(sys.modules, "mailbox", module)
+    assert not _members.standard_module("mailbox")

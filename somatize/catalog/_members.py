@@ -97,7 +97,9 @@ def _loaded_from_python(top: str, loaded: Any) -> bool:
     if loaded is None:
         return True  # no user's module under that name: Python's, loaded later or never
     where = getattr(loaded, "__file__", None)
-    if where is None:
+    if isinstance(where, os.PathLike):
+        where = os.fspath(where)
+    if not isinstance(where, str):  # none, or what no module says (a stand-in's own)
         return top in sys.builtin_module_names or top == "builtins" or _frozen(loaded)
     where = os.path.realpath(where)
     return not _SITE.intersection(Path(where).parts) and any(
