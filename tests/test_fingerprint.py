@@ -499,15 +499,27 @@ _SHARED_KINDS = (
 )
 
 
-def _shared_checkout(tmp_path: Path) -> tuple[Path, Path]:
-    """A project folder holding a node module, and apart from it a folder holding the
-    package of decorators it imports (a team's shared checkout on ``$PYTHONPATH``)."""
+def _shared_checkout(
+    tmp_path: Path, nodes: str = _NODES_OF_SHARED, package: str = "shared_lib", **modules: str
+) -> tuple[Path, Path]:
+    """A project folder holding a node module (``nodes``), and apart from it a folder
+    holding the package it imports (a team's shared checkout on ``$PYTHONPATH``): of
+    decorators, unless ``modules`` are given."""
     project, shared = tmp_path / "project", tmp_path / "shared"
     project.mkdir()
     shared.mkdir()
-    _package(shared, "shared_lib", decorators=_SHARED_DECORATORS)
-    _write(project / "shared_nodes.py", _NODES_OF_SHARED)
+    _package(shared, package, **(modules or {"decorators": _SHARED_DECORATORS}))
+    _write(project / "shared_nodes.py", nodes)
     return project, shared
+
+
+def _installed(shared: Path, package: str) -> None:
+    """Marks ``package``, in the folder ``shared``, installed there: a ``.dist-info``
+    records each of its files, as ``pip install --target`` leaves."""
+    info = shared / f"{package}-1.0.dist-info"
+    info.mkdir()
+    files = sorted(path.name for path in (shared / package).glob("*.py"))
+    (info / "RECORD").write_text("".join(f"{package}/{name},,\n" for name in files))
 
 
 def test_a_wrapper_of_a_package_not_installed_is_a_node_s_code(tmp_path: Path) -> None:
@@ -548,15 +560,99 @@ def test_a_wrapper_of_an_installed_package_is_not_a_node_s_code(tmp_path: Path) 
     the node's code: upgraded, they leave every fingerprint as it was, as torch's and the
     standard library's do."""
     project, shared = _shared_checkout(tmp_path)
-    info = shared / "shared_lib-1.0.dist-info"
-    info.mkdir()
-    (info / "RECORD").write_text("shared_lib/__init__.py,,\nshared_lib/decorators.py,,\n")
+    _installed(shared, "shared_lib")
     first = _fingerprints_in(project, "shared_nodes", *_SHARED_KINDS, also=(shared,))
     edited = _SHARED_DECORATORS.replace("_times(2,", "_times(3,").replace(
         "2 * forward", "3 * forward"
     )
     _write(shared / "shared_lib" / "decorators.py", edited.replace("k * function", "-k * function"))
     assert _fingerprints_in(project, "shared_nodes", *_SHARED_KINDS, also=(shared,)) == first
+
+
+_SHARED_FEATS = """
+_K = 2
+
+def _times(x):
+    return _K * x
+
+def scale(x):
+    return _times(x)
+"""
+
+_NODES_OF_SHARED_HELPERS = """
+import shared_base.cfg
+import shared_base.feats as feats
+from shared_base.feats import scale
+from somatize import Node
+
+def _apply(x, op=scale):
+    return op(x)
+
+class Imports(Node):
+    def forward(self, x, ctx):
+        return scale(x)
+
+class ReadsTheModule(Node):
+    def forward(self, x, ctx):
+        return feats.scale(x)
+
+class TakesItByDefault(Node):
+    def forward(self, x, ctx):
+        return _apply(x)
+
+class ReadsAConstant(Node):
+    def forward(self, x, ctx):
+        return shared_base.cfg.FACTOR * x
+
+class UsesNone(Node):
+    def forward(self, x, ctx):
+        return x
+"""
+
+_SHARED_HELPER_KINDS = (
+    "Imports",
+    "ReadsTheModule",
+    "TakesItByDefault",
+    "ReadsAConstant",
+    "UsesNone",
+)
+
+
+def _shared_helpers(tmp_path: Path) -> tuple[Path, Path]:
+    """:func:`_shared_checkout`, of a package of helpers and constants."""
+    nodes = _NODES_OF_SHARED_HELPERS
+    return _shared_checkout(tmp_path, nodes, "shared_base", feats=_SHARED_FEATS, cfg="FACTOR = 2\n")
+
+
+def test_a_helper_of_a_package_not_installed_is_a_node_s_code(tmp_path: Path) -> None:
+    """A plain function of another package a node's code calls — imported from it, read
+    off its module, or taken by default by a helper — is the node's code where that
+    package is not installed (a shared checkout on ``$PYTHONPATH``), with the helpers and
+    values of its module it reads in turn, and so is a constant of that package the node
+    reads: edited, each is another fingerprint in a new process, so the old answers are
+    never recalled as current. A node that uses none of them is left as it was."""
+    project, shared = _shared_helpers(tmp_path)
+    kinds = _SHARED_HELPER_KINDS
+    first = _fingerprints_in(project, "shared_nodes", *kinds, also=(shared,))
+    assert _fingerprints_in(project, "shared_nodes", *kinds, also=(shared,)) == first
+    _write(shared / "shared_base" / "feats.py", _SHARED_FEATS.replace("_K = 2", "_K = 3"))
+    now = _fingerprints_in(project, "shared_nodes", *kinds, also=(shared,))
+    assert [a != b for a, b in zip(now, first, strict=True)] == [True, True, True, False, False]
+    _write(shared / "shared_base" / "cfg.py", "FACTOR = 3\n")
+    again = _fingerprints_in(project, "shared_nodes", *kinds, also=(shared,))
+    assert [a != b for a, b in zip(again, now, strict=True)] == [False, False, False, True, False]
+
+
+def test_a_helper_of_an_installed_package_is_not_a_node_s_code(tmp_path: Path) -> None:
+    """The same helpers and constant from a package installed (a ``.dist-info`` records
+    it) are not the node's code: upgraded, they leave every fingerprint as it was, as
+    numpy's do."""
+    project, shared = _shared_helpers(tmp_path)
+    _installed(shared, "shared_base")
+    first = _fingerprints_in(project, "shared_nodes", *_SHARED_HELPER_KINDS, also=(shared,))
+    _write(shared / "shared_base" / "feats.py", _SHARED_FEATS.replace("_K = 2", "_K = 3"))
+    _write(shared / "shared_base" / "cfg.py", "FACTOR = 3\n")
+    assert _fingerprints_in(project, "shared_nodes", *_SHARED_HELPER_KINDS, also=(shared,)) == first
 
 
 _BESIDE_NODES = """

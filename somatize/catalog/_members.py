@@ -299,7 +299,7 @@ def _wrappers_of(function: Any, unwrapped: Any) -> list[FunctionType]:
     """The plain functions ``function`` runs around ``unwrapped``, what it wraps (the
     ``wrapper`` a decorator of the code makes, ``functools.wraps``; the ``__call__`` of an
     object that wraps it, ``functools.update_wrapper(self, function)``), outermost first —
-    each written in the user's code (:func:`_wrapper_of_the_code`): a decorator of the
+    each written in the user's code (:func:`_of_the_code`): a decorator of the
     library's or of an installed package (``torch.no_grad``, ``functools.lru_cache``) is
     not the node's code, and its upgrade drifts nothing."""
     if not isinstance(unwrapped, FunctionType) or not isinstance(unwrapped.__module__, str):
@@ -312,24 +312,25 @@ def _wrappers_of(function: Any, unwrapped: Any) -> list[FunctionType]:
             kinds = type(function).__mro__
             runs = next((vars(k)["__call__"] for k in kinds if "__call__" in vars(k)), None)
         made_in = getattr(runs, "__globals__", {}).get("__name__")
-        if type(runs) is FunctionType and _wrapper_of_the_code(made_in, module):
+        if type(runs) is FunctionType and _of_the_code(made_in, module):
             found.append(runs)
         function = function.__wrapped__
     return found
 
 
-def _wrapper_of_the_code(made_in: Any, module: str) -> bool:
-    """Whether a wrapper written in module ``made_in`` around a function of ``module`` is
-    the user's code: written in that module or its package (:func:`_same_package`), or in
-    another package that is not installed (a team's shared checkout on ``$PYTHONPATH``,
-    :func:`project_of`), whose edits change what the node computes as the node's own do.
-    Not one of the library's (the standard library's, torch's, somatize's) nor of an
-    installed package, whose upgrade would drift every answer."""
-    if not isinstance(made_in, str):
+def _of_the_code(defined: Any, module: str) -> bool:
+    """Whether what is defined in module ``defined`` (a function, a wrapper, a module), that
+    the code of ``module`` runs or reads, is the user's code: written in that module or its
+    package (:func:`_same_package`), or in another package that is not installed (a team's
+    shared checkout on ``$PYTHONPATH``, :func:`project_of`), whose edits change what the
+    node computes as the node's own do. Not one of the library's (the standard library's,
+    torch's, somatize's) nor of an installed package, whose upgrade would drift every
+    answer."""
+    if not isinstance(defined, str):
         return False
-    if made_in == module or _same_package(made_in, module):
+    if defined == module or _same_package(defined, module):
         return True
-    top = main_named(made_in.partition(".")[0])
+    top = main_named(defined.partition(".")[0])
     if top in _LEFT_OUT or top in ("somatize", "somatize_torch") or standard_module(top):
         return False
     return project_of(top) is not None

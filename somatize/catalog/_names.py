@@ -78,6 +78,7 @@ from somatize.catalog._members import (
     _functions_in,
     _joined,
     _left_out,
+    _of_the_code,
     _of_the_standard_library,
     _plain,
     _read_through,
@@ -201,13 +202,15 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     ``module:name`` — one of plain values they only read, as it was first seen
     (:func:`_sighted`), and watched (:class:`_HeldSeen`), so that one changed in place since is
     another. Nothing is followed out of the module a function was defined in but a
-    function imported from another module of its package (:func:`_same_package`), followed
-    as one defined there, and a function of either that one of them closes over (what a
-    decorator wraps) or takes by default: no module, no class, no function of another
-    package. Also each name looked up, and what it held (:data:`Looked`). A name these
-    functions assign (``global CALLS; CALLS += 1``, a table loaded on first use) is the
-    module's state as it runs: it is taken as the module's text assigns it (``CALLS = 0``),
-    not by what it holds, and not looked at again."""
+    function of the user's code it imports (:func:`_of_the_code`: of another module of its
+    package, or of a package not installed), followed as one defined there, a module of
+    that code whose names it reads, and a function of either that one of them closes over
+    (what a decorator wraps) or takes by default: no class nor function of an installed
+    package, whose upgrade would drift every answer. Also each name looked up, and what
+    it held (:data:`Looked`). A name these functions assign (``global CALLS; CALLS += 1``,
+    a table loaded on first use) is the module's state as it runs: it is taken as the
+    module's text assigns it (``CALLS = 0``), not by what it holds, and not looked at
+    again."""
     out: dict[tuple[str, str], tuple[bytes, bytes]] = {}
     looked: dict[tuple[str, str], tuple[weakref.ref[Any], str, Any]] = {}
     stored: set[tuple[str, str]] = set()
@@ -230,9 +233,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
         for closed in _held_functions(function):
             # what a decorator wraps (`functools.wraps`), a function taken by default: what
             # it names is followed too
-            if id(closed) not in seen and (
-                closed.__module__ == module or _same_package(closed.__module__, module)
-            ):
+            if id(closed) not in seen and _of_the_code(closed.__module__, module):
                 seen.add(id(closed))
                 queue.append(closed)
         for place, label, replaced_as, within, held in _torch_replaced(function):
@@ -258,8 +259,8 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     if not _as_imported(value, module, name):  # set there by hand (a fake)
                         out[place] = (b"other " + label, _elsewhere_bytes(value))
                         continue
-                    if not _same_package(value.__module__, module):
-                        continue
+                    if not _of_the_code(value.__module__, module):
+                        continue  # an installed package's: its upgrade drifts nothing
                 if id(value) in seen:
                     continue
                 seen.add(id(value))
@@ -340,8 +341,9 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 if _array(value):  # by its values too: one written in place since is another
                     noted = _ArraySeen(noted, said)
                 looked[place] = (looked[place][0], name, noted)
-            elif isinstance(value, ModuleType) and _same_package(value.__name__, module):
-                # a module of its package whose names the code reads (`tools.double(x)`)
+            elif isinstance(value, ModuleType) and _of_the_code(value.__name__, module):
+                # a module of the user's code whose names the code reads (`tools.double(x)`),
+                # of its package or of one not installed (`import shared.feats as feats`)
                 there = vars(value)
                 within = _reader_in(value)
                 if within is not None and id(there) not in modules:
