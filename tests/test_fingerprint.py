@@ -577,12 +577,16 @@ def _times(x):
 
 def scale(x):
     return _times(x)
+
+class Scaler:
+    def run(self, x):
+        return _times(x)
 """
 
 _NODES_OF_SHARED_HELPERS = """
 import shared_base.cfg
 import shared_base.feats as feats
-from shared_base.feats import scale
+from shared_base.feats import Scaler, scale
 from somatize import Node
 
 def _apply(x, op=scale):
@@ -600,6 +604,10 @@ class TakesItByDefault(Node):
     def forward(self, x, ctx):
         return _apply(x)
 
+class UsesAClass(Node):
+    def forward(self, x, ctx):
+        return Scaler().run(x)
+
 class ReadsAConstant(Node):
     def forward(self, x, ctx):
         return shared_base.cfg.FACTOR * x
@@ -613,6 +621,7 @@ _SHARED_HELPER_KINDS = (
     "Imports",
     "ReadsTheModule",
     "TakesItByDefault",
+    "UsesAClass",
     "ReadsAConstant",
     "UsesNone",
 )
@@ -625,22 +634,23 @@ def _shared_helpers(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_a_helper_of_a_package_not_installed_is_a_node_s_code(tmp_path: Path) -> None:
-    """A plain function of another package a node's code calls — imported from it, read
-    off its module, or taken by default by a helper — is the node's code where that
-    package is not installed (a shared checkout on ``$PYTHONPATH``), with the helpers and
-    values of its module it reads in turn, and so is a constant of that package the node
-    reads: edited, each is another fingerprint in a new process, so the old answers are
-    never recalled as current. A node that uses none of them is left as it was."""
+    """A plain function or a helper class of another package a node's code calls —
+    imported from it, read off its module, or taken by default by a helper — is the
+    node's code where that package is not installed (a shared checkout on
+    ``$PYTHONPATH``), with the helpers and values of its module it reads in turn, and so
+    is a constant of that package the node reads: edited, each is another fingerprint in
+    a new process, so the old answers are never recalled as current. A node that uses
+    none of them is left as it was."""
     project, shared = _shared_helpers(tmp_path)
     kinds = _SHARED_HELPER_KINDS
     first = _fingerprints_in(project, "shared_nodes", *kinds, also=(shared,))
     assert _fingerprints_in(project, "shared_nodes", *kinds, also=(shared,)) == first
     _write(shared / "shared_base" / "feats.py", _SHARED_FEATS.replace("_K = 2", "_K = 3"))
     now = _fingerprints_in(project, "shared_nodes", *kinds, also=(shared,))
-    assert [a != b for a, b in zip(now, first, strict=True)] == [True, True, True, False, False]
+    assert [a != b for a, b in zip(now, first, strict=True)] == [True] * 4 + [False, False]
     _write(shared / "shared_base" / "cfg.py", "FACTOR = 3\n")
     again = _fingerprints_in(project, "shared_nodes", *kinds, also=(shared,))
-    assert [a != b for a, b in zip(again, now, strict=True)] == [False, False, False, True, False]
+    assert [a != b for a, b in zip(again, now, strict=True)] == [False] * 4 + [True, False]
 
 
 def test_a_helper_of_an_installed_package_is_not_a_node_s_code(tmp_path: Path) -> None:

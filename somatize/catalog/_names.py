@@ -466,15 +466,16 @@ def _found_as(value: Any, module: str, name: str) -> Any:
 def _helper_class(kind: type, module: str, name: str) -> bool:
     """Whether ``kind``, a class module ``module`` holds as ``name`` that a node's code
     names, is a helper of that code (``Helper().run(x)``): defined there, or in another
-    module of its package it imports it from — no node (one that reads another is keyed
-    with it), nor the library's."""
+    module of the user's code it imports it from (:func:`_of_the_code`: of its package, or
+    of a package not installed) — no node (one that reads another is keyed with it), nor
+    the library's, nor an installed package's."""
     from somatize.node import Node
 
     if _left_out(kind) or issubclass(kind, Node):
         return False
     if kind.__module__ == module:
         return True
-    return _same_package(kind.__module__, module) and _as_imported(kind, module, name)
+    return _of_the_code(kind.__module__, module) and _as_imported(kind, module, name)
 
 
 def _helper_object(value: Any, module: str) -> bool:
