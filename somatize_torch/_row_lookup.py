@@ -47,7 +47,6 @@ from somatize_torch._row_codec import (
     decode_rows,
     empty_rows,
     laid_out,
-    row_order,
 )
 from somatize_torch._row_errors import NotRowwise, RowsError
 from somatize_torch._row_keys import _Keying, _keying, _row_ids
@@ -174,8 +173,6 @@ def _recall_or_run(
             return positions  # another code's answers, of another shape: computed again
         _same_answers(self, rows, keying, None)
         counts[where] += len(at)
-        with self._tiers_lock:
-            orders.setdefault((rows.shape[1:], rows.dtype), row_order(rows))
         _admit(self, [near[p] for p in at], rows)
         # Rows come as found (those of several writes a write at a time), not in the
         # batch's order: their positions go with them unless they are the whole batch.
@@ -218,12 +215,7 @@ def _recall_or_run(
             if run is not once:
                 rows = rows[:1]  # the copies' answers are the first one's, checked
         computed += time.perf_counter() - began
-        with self._tiers_lock:  # what a batch answered from memory is laid out as
-            # One row computed says nothing of where the module puts the batch's dim: the
-            # place a batch of more showed is kept.
-            kind = (rows.shape[1:], rows.dtype)
-            if len(rows) > 1 or kind not in orders:
-                orders[kind] = batch_order(rows)
+        _learn_order(self, orders, rows)  # what a batch answered from memory is laid out as
         if _still_keyed(self, watch):
             # Queued for the store before they are kept in memory: a submit interrupted
             # while it waits for the writer (Ctrl-C) leaves them in no tier either, so the
@@ -243,6 +235,8 @@ def _recall_or_run(
             # queued so far; a caller writing into the output in place must not race it.
             rows = rows.clone()
         pieces.append((None if len(positions) == count else positions, rows))
+    if len(positions) < count:
+        computed += _learn_layout(self, x, pieces[0][1], orders, ahead, (keying, watch))
     # Rows all computed now are the module's own as they are; any recalled are laid out.
     out = _assemble(pieces, count, x.device, {} if len(positions) == count else orders)
     if isinstance(x, DeferredRows):
@@ -320,6 +314,46 @@ def _run(
         # on the very rows it ran on: a module writing into them was refused as it ran.
         rows = _compute(self, x, positions, keying, watch)
     return rows
+
+
+def _learn_order(
+    self: CachedRows,
+    orders: dict[tuple[torch.Size, torch.dtype], list[int] | None],
+    rows: torch.Tensor,
+) -> None:
+    """Takes the order of the dims in memory of ``rows``, which the module answered, as how
+    it lays out rows of their shape and dtype for inputs laid out as those ``orders``
+    are for. One row says nothing of where the module puts the batch's dim: the place a
+    batch of more showed is kept."""
+    kind = (rows.shape[1:], rows.dtype)
+    with self._tiers_lock:
+        if len(rows) > 1 or kind not in orders:
+            orders[kind] = batch_order(rows)
+
+
+def _learn_layout(
+    self: CachedRows,
+    x: torch.Tensor | DeferredRows,
+    recalled: torch.Tensor,
+    orders: dict[tuple[torch.Size, torch.dtype], list[int] | None],
+    ahead: torch.Tensor | None,
+    keyed: tuple[_Keying, StateWatch | None],
+) -> float:
+    """Learns how the module lays out rows like ``recalled`` for inputs laid out as ``x``,
+    where no batch it ran from such inputs said so yet (a layout first met with every
+    row recalled, or a new cache recalling from the store): the rows' own layout is the
+    one they were computed in, maybe from inputs laid out otherwise. It is seen on the
+    batch run ahead, if any, else by running the module on the first two rows of ``x``
+    (one where it holds one): answers neither kept nor counted as rows computed. Returns
+    how long the module ran. Rows of a Deferred are not run so: answered, their inputs are
+    not loaded (they come back as kept, until the cache computes a batch of them)."""
+    if (recalled.shape[1:], recalled.dtype) in orders or isinstance(x, DeferredRows):
+        return 0.0  # as a rule: one dict lookup a batch
+    began = time.perf_counter()
+    keying, watch = keyed
+    rows = ahead if ahead is not None else _run(self, x, list(range(min(len(x), 2))), keying, watch)
+    _learn_order(self, orders, rows)
+    return time.perf_counter() - began
 
 
 def _queue_names(x: torch.Tensor | DeferredRows) -> RowsQueued | None:

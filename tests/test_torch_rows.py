@@ -755,7 +755,9 @@ def test_a_new_cache_over_the_same_store_recalls_from_it(
     counter = count_rows(second.module)
     picked = torch.randperm(40)[:25]
     out = second(data[picked])
-    assert counter.rows == 0
+    # The module ran only to see how it lays out such a batch (docs/per-sample.md): on two
+    # of its rows together, then on each alone, as it is seen to answer rows alone.
+    assert counter.rows == 2 + 2 and second.stats.computed == 0
     assert second.stats.from_store == 25
     assert torch.equal(out, expected(second.module, data)[picked])
     second.close()
@@ -854,9 +856,10 @@ def test_a_read_only_store_answers_what_it_holds_and_refuses_rows_before_running
     cached = cache_rows(encoder(), Store(tmp_path / "store"))
     counter = count_rows(cached.module)
     assert torch.equal(cached(data[:8]), answers[:8])
+    ran = counter.rows  # what it ran to see how it lays out a batch, nothing kept
     with pytest.raises(StoreError, match=r"4 of the 8 rows.*read-only for this process"):
         cached(data[4:])
-    assert counter.rows == 0
+    assert counter.rows == ran
     cached.flush()  # nothing was queued, so nothing failed
     assert torch.equal(cached(data[:8].flip(0)), answers[:8].flip(0))
     assert cached.stats.from_store == 8 and cached.stats.rows_failed == 0
@@ -913,7 +916,7 @@ def test_a_bucket_that_refused_a_write_refuses_rows_before_running(
         cached = cache_rows(encoder(), Store.on_bucket(url, **reader, backoff=0.0))
         counter = count_rows(cached.module)
         assert torch.equal(cached(data[:8]), answers[:8])
-        assert counter.rows == 0
+        assert cached.stats.computed == 0
         assert torch.allclose(cached(data[8:12]), answers[8:12])  # no store told it yet
         ran = counter.rows
         assert ran >= 4 and cached.stats.computed == 4
@@ -945,9 +948,10 @@ def test_a_bucket_opened_read_only_refuses_rows_before_its_first_rows_run(
         cached = cache_rows(encoder(), Store.on_bucket(url, **reader, read_only=True))
         counter = count_rows(cached.module)
         assert torch.equal(cached(data[:8]), answers[:8])
+        ran = counter.rows  # what it ran to see how it lays out a batch, nothing kept
         with pytest.raises(StoreError, match=r"4 of the 4 rows.*opened with read_only=True"):
             cached(data[8:])
-        assert counter.rows == 0 and cached.stats.computed == 0
+        assert counter.rows == ran and cached.stats.computed == 0
         cached.close()
 
 
@@ -1079,6 +1083,17 @@ def test_recalled_rows_with_gaps_are_laid_out_as_computed_ones(
     second.close()
 
 
+def answers_as_the_module(cached: nn.Module, module: nn.Module, batch: torch.Tensor) -> None:
+    """``cached`` answers ``batch`` as ``module`` does, laid out alike in memory. A row
+    computed from an input in another layout may differ in the last bit from the same row
+    computed from this one (another kernel); both have one key."""
+    with torch.no_grad():
+        expected = module(batch)
+    out = cached(batch)
+    assert out.stride() == expected.stride()
+    assert torch.allclose(out, expected, atol=1e-6)
+
+
 def test_recalled_rows_follow_the_layout_of_the_input_they_answer() -> None:
     """A conv answers a channels_last batch channels_last and a batch in C order in C
     order: a batch recalled is laid out as the module lays out the answers to inputs laid
@@ -1091,14 +1106,41 @@ def test_recalled_rows_follow_the_layout_of_the_input_they_answer() -> None:
     cached(last[:4])
     cached(data[4:])  # computed last, in C order
     for batch in (last[:4], data[4:], last[2:6], data[:6]):  # recalled, whole or in part
-        with torch.no_grad():
-            expected = module(batch)
-        out = cached(batch)
-        assert out.stride() == expected.stride()
-        # A row computed from an input in one layout may differ in the last bit from the
-        # same row computed from the other (another kernel); both have one key.
-        assert torch.allclose(out, expected, atol=1e-6)
+        answers_as_the_module(cached, module, batch)
     assert cached.stats.computed == 8
+
+
+@pytest.mark.parametrize("first_rows", [1, 4])
+@pytest.mark.parametrize("source", ["memory", "store"])
+@pytest.mark.parametrize("kept", ["C order", "channels_last"])
+def test_rows_recalled_in_a_layout_no_batch_ran_in_are_laid_out_as_the_module_answers_it(
+    store: Store, tmp_path: Path, kept: str, source: str, first_rows: int
+) -> None:
+    """A batch whose rows are all recalled, its input laid out otherwise than any batch the
+    cache computed (rows kept from inputs in C order, asked channels_last, or the
+    reverse; from memory, or by a new cache over the store), comes back laid out as the
+    conv answers such an input: the module runs on one or two of its rows to see that,
+    once, and those answers are neither counted as rows computed nor kept."""
+    torch.manual_seed(0)
+    module = nn.Conv2d(3, 4, 3, padding=1)
+    data = torch.randn(6, 3, 5, 5)
+    formats = {"C order": torch.contiguous_format, "channels_last": torch.channels_last}
+    asked_as = formats["channels_last" if kept == "C order" else "C order"]
+    cached = cache_rows(module, store)
+    cached(data.contiguous(memory_format=formats[kept]))
+    cached.flush()
+    computed, kept_rows = cached.stats.computed, cached.stats.rows_kept
+    if source == "store":
+        cached.close()
+        cached = cache_rows(module, Store(tmp_path / "store"), device_bytes=0, host_bytes=0)
+        computed, kept_rows = 0, 0
+    asked = data.contiguous(memory_format=asked_as)
+    for batch in (asked[1 : 1 + first_rows], asked[:4], asked[2:6], asked[3:4]):
+        answers_as_the_module(cached, module, batch)
+    cached.flush()
+    assert cached.stats.computed == computed and cached.stats.rows_kept == kept_rows
+    assert sum(tier.rows for tier in cached.tiers) == (6 if source == "memory" else 0)
+    cached.close()
 
 
 class SequenceFirst(nn.Module):
@@ -1149,12 +1191,27 @@ def test_recalled_rows_are_laid_out_with_the_batch_where_the_module_puts_it(kind
     cached(batch_of(data[:8]))
     cached(batch_of(data[8:9]))  # one row alone
     for rows in (data[:8], data[2:10], data[:9]):  # recalled whole, beside rows computed
-        batch = batch_of(rows)
-        with torch.no_grad():
-            expected = module(batch)
-        out = cached(batch)
-        assert out.stride() == expected.stride()
-        assert torch.allclose(out, expected, atol=1e-6)
+        answers_as_the_module(cached, module, batch_of(rows))
+    cached.close()
+
+
+@pytest.mark.parametrize("kind", ["sequence first", "projects"])
+def test_rows_a_new_cache_recalls_are_laid_out_with_the_batch_where_the_module_puts_it(
+    store: Store, tmp_path: Path, kind: str
+) -> None:
+    """A new cache recalling from the store every row of a batch of a module that puts the
+    batch's own dim inside its answer's memory (see above) lays the batch out so too,
+    having run the module on two of its rows to see where; rows kept before it are
+    recalled as they were."""
+    torch.manual_seed(0)
+    module: nn.Module = SequenceFirst().eval() if kind == "sequence first" else Projects()
+    data = torch.randn(8, 5, 8) if kind == "sequence first" else torch.randn(8, 5)
+    first = cache_rows(module, store)
+    first(data)
+    first.close()
+    cached = cache_rows(module, Store(tmp_path / "store"), device_bytes=0, host_bytes=0)
+    answers_as_the_module(cached, module, data)
+    assert cached.stats.computed == 0 and cached.stats.from_store == 8
     cached.close()
 
 
