@@ -955,8 +955,8 @@ def _container(value: Any, path: Path) -> Any:
     """A list, tuple, dict, set or dataclass instance (its fields, and any other attribute
     it holds) by what names its items. A dict is
     named by its entries, whatever their keys (``{0: 1.0}``, ``{(1, 2): ...}``), each
-    key named as a value is, in the order of their canonical encodings (as a key takes a
-    dict of str keys: insertion order never matters); a set by its items in that order,
+    key named as a value is, in the order of their canonical encodings, with the order it
+    was filled in where that differs (:func:`_dict_setting`); a set by its items in that order,
     which is the same in every process (the order of their hashes is not). A subclass (a
     namedtuple, an ``OrderedDict``) says its class too."""
     kind = type(value)
@@ -978,8 +978,7 @@ def _container(value: Any, path: Path) -> Any:
     named: dict[str, Any]
     plain: type
     if isinstance(value, dict):
-        entries = [[_item(k, path), _item(v, path)] for k, v in value.items()]
-        named, plain = {"dict": sorted(entries, key=_order)}, dict
+        named, plain = _dict_setting(value, path), dict
     elif isinstance(value, (set, frozenset)):
         plain = frozenset if isinstance(value, frozenset) else set
         named = {
@@ -995,6 +994,20 @@ def _container(value: Any, path: Path) -> Any:
         named = {plain.__name__: items}
     if kind is not plain:
         named["class"] = _name_of(kind)
+    return named
+
+
+def _dict_setting(value: dict[Any, Any], path: Path) -> dict[str, Any]:
+    """A dict by its entries in the order of their canonical encodings, so that every
+    process names it alike, and, where it was filled in another order, by that order too
+    (each entry's place among the sorted ones): a forward reading its values in turn
+    (``torch.cat([h * w for w in self.weights.values()])``) answers otherwise for the
+    same entries in another order. One filled in sorted order is named as it always was."""
+    entries = [[_item(k, path), _item(v, path)] for k, v in value.items()]
+    places = sorted(range(len(entries)), key=lambda at: _order(entries[at]))
+    named: dict[str, Any] = {"dict": [entries[at] for at in places]}
+    if places != sorted(places):
+        named["filled"] = places
     return named
 
 

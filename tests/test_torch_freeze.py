@@ -1741,11 +1741,13 @@ def test_a_setting_nested_at_any_depth_is_in_its_key(store: Store) -> None:
 def test_a_dict_keyed_by_other_than_strings_is_in_its_key(store: Store) -> None:
     """A dict keyed by ints, floats or tuples keys apart by its entries, telling apart keys
     of different types (``1``, ``"1"``, ``1.0``, ``(1,)``) and taking its entries in an
-    order of their own; an entry replaced after freeze (``enc.scales[0] = 3.0``) is seen
-    at the next forward."""
+    order of their own, the same in every process, with the order they were filled in
+    beside; an entry replaced after freeze (``enc.scales[0] = 3.0``) is seen at the next
+    forward."""
     assert _held({0: 1.0}) != _held({0: 3.0})
     assert len({repr(_held({key: 1.0})) for key in (1, "1", 1.0, (1,))}) == 4
-    assert _held({2: "b", 1: "a"}) == _held({1: "a", 2: "b"})
+    assert _held({2: "b", 1: "a"})["dict"] == _held({1: "a", 2: "b"})["dict"]
+    assert _held({2: "b", 1: "a"}) != _held({1: "a", 2: "b"})
     module = Held({0: 1.0})
     g = _frozen_node(module, "held")
     x = Opaque(torch.randn(3, 6))
@@ -1870,6 +1872,45 @@ def test_values_of_different_kinds_key_apart() -> None:
     ]
     for one, other in pairs:
         assert _held(one) != _held(other), (one, other)
+
+
+class Weighted(nn.Module):
+    """Concatenates its output scaled by each weight it keeps, in the dict's order."""
+
+    def __init__(self, weights: dict[str, float]) -> None:
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+        self.weights = weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return torch.cat([h * w for w in self.weights.values()], -1)
+
+
+def test_a_dict_a_module_keeps_keys_by_its_order(tmp_path: pathlib.Path) -> None:
+    """A forward reads a dict in the order it was filled in, so the same entries in
+    another order key apart: reordered in place after freeze, or filled in another order
+    by another model on the same store, the module is computed anew, never answered with
+    what was kept for the other order. A dict filled in sorted order keeps its name."""
+    x = torch.randn(2, 3)
+    torch.manual_seed(0)
+    plain = Weighted({"a": 1.0, "b": 2.0})
+    wrapped = smt.wrap(copy.deepcopy(plain), frozen=True, cached=True, store=tmp_path)
+    smt.freeze(wrapped)
+    assert torch.equal(wrapped(x), plain(x))
+    for module in (wrapped.model, plain):
+        module.weights["a"] = module.weights.pop("a")  # now b, a
+    assert torch.equal(wrapped(x), plain(x))
+    assert wrapped.counts["weighted"] == {"ran": 2, "kept": 2}
+
+    torch.manual_seed(0)
+    other = Weighted({"b": 2.0, "a": 1.0})
+    again = smt.wrap(copy.deepcopy(other), frozen=True, cached=True, store=tmp_path)
+    smt.freeze(again)
+    assert torch.equal(again(x), other(x))
+    assert _held({"a": 1, "b": 2}) == {"dict": [["a", 1], ["b", 2]]}
+    assert _held({"b": 2, "a": 1}) != _held({"a": 1, "b": 2})
+    assert _held(collections.OrderedDict(b=2, a=1)) != _held(collections.OrderedDict(a=1, b=2))
 
 
 def test_an_enum_value_without_a_name_and_a_path_are_in_its_key(store: Store) -> None:
