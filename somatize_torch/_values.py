@@ -42,6 +42,7 @@ import contextlib
 import copy
 import enum
 import functools
+import itertools
 import math
 import operator
 import reprlib
@@ -77,7 +78,26 @@ from somatize_torch._settings import (
     _same_items,
 )
 
-_SHOWN = reprlib.Repr()
+
+class _InOrder(reprlib.Repr):
+    """``reprlib``'s short ``repr``, showing a dict in its own order: ``reprlib`` sorts
+    it, so a dict reordered would be shown as it was."""
+
+    def repr_dict(self, x: dict[Any, Any], level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        shown = [
+            f"{self.repr1(key, level - 1)}: {self.repr1(x[key], level - 1)}"
+            for key in itertools.islice(x, self.maxdict)
+        ]
+        if len(x) > self.maxdict:
+            shown.append("...")
+        return "{" + ", ".join(shown) + "}"
+
+
+_SHOWN = _InOrder()
 _SHOWN.maxstring = _SHOWN.maxother = 60
 
 _TABLES = ("_parameters", "_buffers", "_modules")

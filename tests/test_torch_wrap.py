@@ -3400,6 +3400,19 @@ def test_a_value_equal_but_computing_otherwise_is_another_value(store: Store, ch
         wrapped(torch.randn(2, 4))
 
 
+def test_a_dict_reordered_is_shown_in_its_order(store: Store) -> None:
+    """The refusal of a dict the forward read, reordered in place since, shows it as it
+    was and as it is, each in its own order: shown sorted, the two would read alike."""
+    model = Ordered()
+    wrapped = smt.wrap(model, frozen=["encoder"], store=store)
+    smt.freeze(wrapped)
+    model.weights["a"] = model.weights.pop("a")
+    with pytest.raises(smt.WrapError) as refused:
+        wrapped(torch.randn(2, 4))
+    assert "was {'a': 1.0, 'b': 0.0} when" in str(refused.value)
+    assert "is {'b': 0.0, 'a': 1.0} now" in str(refused.value)
+
+
 def test_a_forward_given_to_the_model_itself_is_refused() -> None:
     """fx traces a class's `forward`: one given to the model in its place (as a library
     that wraps it for mixed precision does) would not be what runs."""
