@@ -5,7 +5,10 @@ opened."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -277,6 +280,17 @@ def test_a_quarantine_that_is_no_bool_is_refused_as_such_before_the_marker_is_lo
     assert sorted(p.name for p in root.iterdir()) == ["quarantine"]
 
 
+def _untracked(checkout: Path) -> str:
+    """What `git status` lists in ``checkout`` as untracked, each file of it."""
+    return subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=checkout,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
 def test_a_store_made_in_a_git_checkout_is_kept_out_of_it(tmp_path: Path) -> None:
     """A store made inside a project's checkout writes a `.gitignore` of `*` at its root,
     so `git add -A` adds none of its blobs; a `.gitignore` of the user's own, in the
@@ -285,17 +299,38 @@ def test_a_store_made_in_a_git_checkout_is_kept_out_of_it(tmp_path: Path) -> Non
     store = LocalStore(tmp_path / "store")
     store.keep(KEY, b"an answer", "plain")
     store.put(b"a blob")
-    listed = subprocess.run(
-        ["git", "status", "--porcelain", "--untracked-files=all"],
-        cwd=tmp_path,
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    assert listed == ""
+    assert _untracked(tmp_path) == ""
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / ".gitignore").write_text("blobs/\n")
     LocalStore(mine).put(b"a blob")
     assert (mine / ".gitignore").read_text() == "blobs/\n"
     assert (mine / MARKER).read_bytes() == MARKER_DATA
+
+
+def test_a_store_whose_making_was_killed_is_kept_out_of_git_once_opened(tmp_path: Path) -> None:
+    """A process killed (SIGKILL) as it makes a store, the moment its marker is renamed into
+    place, leaves a store that is still kept out of git: its `.gitignore` is whole, there
+    or written as the store is opened again, never left out or empty for good."""
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    root = tmp_path / "store"
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from somatize.store import LocalStore
+        replace = os.replace
+        def replace_then_die(source, target):
+            replace(source, target)
+            if os.fspath(target).endswith({MARKER!r}):
+                os.kill(os.getpid(), signal.SIGKILL)
+        os.replace = replace_then_die
+        LocalStore({str(root)!r})
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    died = subprocess.run([sys.executable, "-c", script], env=env, check=False)
+    assert died.returncode == -9
+    store = LocalStore(root)
+    store.keep(KEY, b"an answer", "plain")
+    assert _untracked(tmp_path) == ""
+    assert (root / ".gitignore").read_text() == store_local.GITIGNORE

@@ -407,17 +407,15 @@ class LocalStore(LocalShelf):
     def _mark(self) -> bool:
         """Writes the store's marker at its root, whole (written in ``tmp/``, then renamed);
         False where it cannot be written (a store this process may not write, or a full
-        disk), which leaves the store as it was."""
+        disk), which leaves the store as it was. Its ``.gitignore`` is written first: a
+        process killed in between leaves a store not yet marked, which the next one to open
+        it marks, rather than a marked one that git would add for good."""
+        self._keep_out_of_git()
         try:
-            fd, part = new_file(self._tmp, f"{os.getpid()}-", MARKER_PART)
+            part = self._written_in_tmp(MARKER_DATA)
         except OSError:
             return False
         try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(MARKER_DATA)
-                if self.durable:
-                    handle.flush()
-                    to_disk(handle.fileno())
             os.replace(part, self.root / MARKER)  # the same bytes, whoever writes them
             if self.durable:
                 self._sync_directory(self.root)
@@ -425,8 +423,43 @@ class LocalStore(LocalShelf):
             with contextlib.suppress(OSError):
                 os.unlink(part)
             return False
-        _keep_out_of_git(self.root)
         return True
+
+    def _keep_out_of_git(self) -> None:
+        """Writes a ``.gitignore`` of ``*`` at a store's root, where there is none: a store
+        made inside a project's checkout (``./store``) is then no part of what ``git add -A``
+        adds, as a virtual environment or a tool's cache is not. It is written in ``tmp/``
+        and linked into place, so it is whole or absent, and never over one: one of the
+        user's own is left as it is. One that cannot be written is left out: git ignoring is
+        a courtesy."""
+        try:
+            part = self._written_in_tmp(GITIGNORE.encode())
+        except OSError:
+            return
+        try:
+            os.link(part, self.root / ".gitignore")
+        except FileExistsError:
+            pass
+        except OSError:
+            _gitignore_in_place(self.root)  # a filesystem with no hard links
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+
+    def _written_in_tmp(self, data: bytes) -> str:
+        """A new file in ``tmp/`` holding ``data`` (synced, where the store is durable), named
+        as a marker being written is: what a store's making leaves there if it is killed."""
+        fd, part = new_file(self._tmp, f"{os.getpid()}-", MARKER_PART)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                if self.durable:
+                    handle.flush()
+                    to_disk(handle.fileno())
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(part)
+            raise
+        return part
 
     def _store_kind(self) -> str | None:
         return _kind_at(str(self.root))
@@ -986,11 +1019,9 @@ class LocalStore(LocalShelf):
             self._packs_look.created = created
 
 
-def _keep_out_of_git(root: Path) -> None:
-    """Writes a ``.gitignore`` of ``*`` at a store's root, where there is none: a store
-    made inside a project's checkout (``./store``) is then no part of what ``git add -A``
-    adds, as a virtual environment or a tool's cache is not. One of the user's own is left
-    as it is, and one that cannot be written is left out: git ignoring is a courtesy."""
+def _gitignore_in_place(root: Path) -> None:
+    """Writes a store's ``.gitignore`` where it lies, where there is none, on a filesystem
+    that cannot link one written in ``tmp/`` into place."""
     try:
         with open(root / ".gitignore", "x") as handle:
             handle.write(GITIGNORE)
