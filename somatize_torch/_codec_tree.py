@@ -75,8 +75,21 @@ def _unwritable(value: torch.Tensor) -> str | None:
         )
     if value.is_nested:
         return f"a nested {value.dtype} tensor"
-    if value.layout is not torch.strided or value.dtype not in DTYPES or value.is_quantized:
-        return f"a {value.layout} {value.dtype} tensor"
+    # Each says what to hand instead: the layout and dtype alone leave a user whose value
+    # is a tensor to wonder what "return a tensor" asks of it.
+    if value.layout is not torch.strided:
+        layout = str(value.layout).removeprefix("torch.")
+        return f"a {layout} {value.dtype} tensor, not a dense one: hand `x.to_dense()`"
+    if value.is_quantized:
+        return (
+            f"a quantized {value.dtype} tensor, whose scale and zero point no reader "
+            "keeps: hand its values, `x.dequantize()`"
+        )
+    if value.dtype not in DTYPES:
+        return (
+            f"a {value.dtype} tensor, of a dtype of no whole bytes per element "
+            "(sub-byte or bit-packed): hand its bytes, `x.view(torch.uint8)`"
+        )
     if value.is_meta:
         return f"a {value.dtype} tensor on the meta device, which holds no values"
     if any(n >= 1 << 48 for n in value.shape):

@@ -1366,8 +1366,17 @@ class Boxes(torch.Tensor):
             r"`[\w.]*Boxes`.*as_subclass\(torch\.Tensor\)",
         ),
         (lambda: nn.Parameter(torch.ones(2)), r"`torch\.nn\.Parameter`.*\.detach\(\)"),
+        (
+            lambda: torch.quantize_per_tensor(torch.ones(2), 0.1, 0, torch.quint8),
+            r"quantized torch\.quint8 tensor.*`x\.dequantize\(\)`",
+        ),
+        (lambda: torch.ones(2, 2).to_sparse(), r"sparse_coo torch\.float32 .*`x\.to_dense\(\)`"),
+        (
+            lambda: torch.zeros(2, dtype=torch.uint8).view(torch.int4),
+            r"torch\.int4 tensor.*`x\.view\(torch\.uint8\)`",
+        ),
     ],
-    ids=["meta", "nested", "huge", "subclass", "parameter"],
+    ids=["meta", "nested", "huge", "subclass", "parameter", "quantized", "sparse", "sub-byte"],
 )
 def test_a_tensor_the_codec_cannot_give_back_as_it_was_is_refused_saying_what_it_is(
     make: Callable[[], torch.Tensor], said: str
@@ -1375,9 +1384,11 @@ def test_a_tensor_the_codec_cannot_give_back_as_it_was_is_refused_saying_what_it
     """A meta tensor, a nested one, one with a dimension past 2**48, a tensor subclass and a
     Parameter are not accepted, and writing one (alone, as an item, as ``Opaque``) is a
     CodecError saying what it is and, for a subclass or a Parameter, how to make it a plain
-    tensor — where a meta or nested tensor failed inside torch, a huge empty one was read
-    back as damaged, and a subclass or Parameter came back a plain tensor (its class,
-    attributes and requires_grad lost)."""
+    tensor; so is a quantized, sparse or sub-byte one, saying how to make it one the codec
+    writes (where it said only its layout and dtype, and then to return a tensor) — where
+    a meta or nested tensor failed inside torch, a huge empty one was read back as damaged,
+    and a subclass or Parameter came back a plain tensor (its class, attributes and
+    requires_grad lost)."""
     value = make()
     assert not smt.TENSOR.accepts(value)
     assert not smt.TENSOR.accepts({"x": value})
