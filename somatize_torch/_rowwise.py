@@ -33,6 +33,7 @@ from somatize.errors import SomatizeError
 from somatize_torch._errors import CachedInputNeedsGrad
 from somatize_torch._precision import float32_precision, reduced
 from somatize_torch._row_calls import _run
+from somatize_torch._row_codec import batch_order, laid_out
 from somatize_torch._row_errors import NotRowwise, RowsError, _describe
 from somatize_torch._row_keys import _floating_dtypes, _Keying, code_moved, given_holds
 from somatize_torch._state import StateWatch
@@ -71,7 +72,11 @@ def _compute(
     elif len(positions) == x.shape[0]:
         sub = x
     else:
-        sub = x[torch.tensor(positions, dtype=torch.long, device=x.device)]
+        # Picked rows come in C order where the batch's own dim lies inside its memory (a
+        # batch transposed): laid out as the batch is, the module answers them as it
+        # answers the batch, and that is the layout learned for rows recalled.
+        picked = x[torch.tensor(positions, dtype=torch.long, device=x.device)]
+        sub = laid_out(picked, batch_order(x))
     # Taken before the forward, which may write into its input.
     ends = sub[:: len(positions) - 1].clone() if not keying.rowwise and len(positions) > 1 else None
     alike = ends is not None and _copies_of_one(sub)

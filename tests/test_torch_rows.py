@@ -1195,6 +1195,33 @@ def test_recalled_rows_are_laid_out_with_the_batch_where_the_module_puts_it(kind
     cached.close()
 
 
+class Twice(nn.Module):
+    """Doubles its input, answering it laid out as the input is."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+
+def test_rows_recalled_from_a_batch_transposed_are_laid_out_as_the_module_answers_it() -> None:
+    """A batch whose own dim lies inside its memory (a sequence-first batch transposed),
+    its rows all recalled from batches computed in C order, comes back laid out as the
+    module answers that batch: the rows it runs to see how are handed to it laid out as
+    the batch is, not in C order. So are rows computed beside rows recalled."""
+    torch.manual_seed(0)
+    module, data = Twice(), torch.randn(6, 5, 3)
+
+    def transposed(rows: torch.Tensor) -> torch.Tensor:
+        return rows.transpose(0, 1).contiguous().transpose(0, 1)  # (sequence, batch) in memory
+
+    cached = cache_rows(module)
+    cached(data[:4])  # computed from C order
+    # Recalled whole, beside rows computed, then whole again after those.
+    for rows in (data[:4], data[2:], data[1:5]):
+        answers_as_the_module(cached, module, transposed(rows))
+    assert cached.stats.computed == 6
+    cached.close()
+
+
 @pytest.mark.parametrize("kind", ["sequence first", "projects"])
 def test_rows_a_new_cache_recalls_are_laid_out_with_the_batch_where_the_module_puts_it(
     store: Store, tmp_path: Path, kind: str
