@@ -49,6 +49,7 @@ from somatize.node import (
     digest_of,
     held_by,
     in_slot,
+    settled_watch,
 )
 
 if TYPE_CHECKING:
@@ -156,17 +157,46 @@ def look_again(graph: Graph) -> None:
 
 def _looked_at_settled(graph: Graph) -> None:
     """Takes back the state of each node settled by its ``settled_state()`` whose watch
-    (:func:`~somatize.node.watches_settled`) finds what it holds changed since: it is
-    refused where its key is needed, saying what changed, until it is settled again."""
+    (:func:`~somatize.node.watches_settled`) finds what it holds changed since, and whose
+    ``settled_state()``, asked once, says another digest than it was settled at: it is
+    refused where its key is needed, saying what changed, until it is settled again. One
+    that says the same digest (its weights moved to another device and back, given a
+    gradient, loaded with the values they held) is watched afresh and goes on. A forward
+    that finds no change asks no node anything."""
     changed = graph._changed_since_settled
     memory = graph.memory
-    for name, watch in graph._settled_watches.items():
-        if name in changed or memory.state_of(name) is None:
+    for name, watch in list(graph._settled_watches.items()):
+        settled = memory.state_of(name)
+        if name in changed or settled is None:
             continue
         what = watch()
-        if what is not None:
-            changed[name] = what
+        if what is None:
+            continue
+        refused = _settled_elsewhere(graph, name, settled)
+        if refused is not None:
+            changed[name] = f"{what}, and {refused}"
             memory.unsettle(name)
+
+
+def _settled_elsewhere(graph: Graph, name: str, settled: str) -> str | None:
+    """Why the node ``name``, whose watch found what it holds touched, no longer holds the
+    state ``settled`` it was settled at, in words; None when its ``settled_state()`` still
+    says that digest, and then it is watched afresh from here, so that the node is asked
+    once per change and never at a forward that finds none."""
+    node = graph.node(name)
+    # Taken first, as settle takes it: a change made while the state is worked out is seen.
+    fresh = settled_watch(node)
+    try:
+        now = node.settled_state()  # type: ignore[attr-defined]
+    except Exception as why:  # the node's own code: said in the refusal, never raised here
+        return (
+            f"its `settled_state()` raised {type(why).__name__}: {why}, so whether it still "
+            "holds the state it was settled at is unknown"
+        )
+    if now != settled:
+        return f"its `settled_state()` now says {now!r}, not {settled!r}"
+    graph.watch_settled(name, fresh)
+    return None
 
 
 def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> None:

@@ -7,8 +7,11 @@ as one (:func:`kept_weights`). Its weights are its state, which it says itself i
 an optimizer step, ``load_state_dict``, ``p.add_(1)`` under ``no_grad`` — would go on being
 keyed by the state settled. :class:`KeptWeightsWatch` watches them from the settle on, as
 cheaply as a torch node's own weights are watched (:class:`~somatize_torch._state.StateWatch`),
-and says what changed, for the graph to take the settled state back and refuse the node
-until it is settled again.
+and says what changed. The watch is cheap and fires on what leaves the state equal too (the
+module moved to another device and back, a gradient, the same values loaded), so the graph
+then asks the node's own ``settled_state()`` once: the digest it was settled at, and the
+node is watched afresh; another, and the graph takes the settled state back and refuses
+the node until it is settled again.
 """
 
 from __future__ import annotations
@@ -107,8 +110,7 @@ class KeptWeightsWatch:
                     what = "a parameter" if isinstance(part, nn.Parameter) else "an nn.Module"
                     return (
                         f"`self.{name}`, {what}, changed (a weight or buffer changed in place: "
-                        "an optimizer step, `load_state_dict`; or one was replaced, or a "
-                        "parameter got a gradient or came to require grad)"
+                        "an optimizer step, `load_state_dict`; or one was replaced)"
                     )
         return None
 

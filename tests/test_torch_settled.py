@@ -60,6 +60,11 @@ def _graph(node: Node) -> Graph:
     return g
 
 
+def _each(argument: str, changes: list[Callable[[Predict], None]]) -> pytest.MarkDecorator:
+    """Runs a test once per change, named after it."""
+    return pytest.mark.parametrize(argument, changes, ids=lambda change: change.__name__.strip("_"))
+
+
 def _truth(g: Graph, span: dict[str, int]) -> torch.Tensor:
     """What ``g``'s node computes now for ``span``, called by hand."""
     return g.node("predict").forward(Span().forward(span, None), None)
@@ -92,7 +97,7 @@ CHANGES: list[Callable[[Predict], None]] = [
 ]
 
 
-@pytest.mark.parametrize("change", CHANGES, ids=lambda change: change.__name__.strip("_"))
+@_each("change", CHANGES)
 def test_weights_changed_since_settle_are_refused_until_settled_again(
     store: Store, change: Callable[[Predict], None]
 ) -> None:
@@ -210,3 +215,98 @@ def test_a_graph_pickled_before_settled_nodes_were_watched_is_read_and_forwards(
     older = Graph.__new__(Graph)
     older.__setstate__(state)
     assert torch.equal(older.forward(span, store=store), first)
+
+
+def _there_and_back(node: Predict) -> None:
+    node.encoder.to(torch.float64)  # another dtype stands in for another device
+    node.encoder.to(torch.float32)
+
+
+def _given_a_gradient(node: Predict) -> None:
+    node.encoder(torch.ones(1, 4)).sum().backward()
+
+
+def _loaded_as_it_is(node: Predict) -> None:
+    node.encoder.load_state_dict({k: v.clone() for k, v in node.encoder.state_dict().items()})
+
+
+def _gradients_dropped(node: Predict) -> None:
+    _given_a_gradient(node)
+    node.encoder.zero_grad(set_to_none=True)
+    node.encoder.weight.requires_grad_(False)
+
+
+EQUAL = [_there_and_back, _given_a_gradient, _loaded_as_it_is, _gradients_dropped]
+
+
+@_each("touch", EQUAL)
+def test_weights_touched_but_equal_are_followed_without_settling_again(
+    store: Store, touch: Callable[[Predict], None]
+) -> None:
+    """Moving the weights away and back, a gradient, or loading the very values they hold
+    leaves the state the node was settled at: it was refused until settled again. Its own
+    ``settled_state()`` is asked once and says the same digest, so the answer is recalled."""
+    node = Predict()
+    g = _graph(node)
+    span = {"at": 5, "take": 3}
+    kept = g.forward(span, store=store)
+    touch(node)
+    assert torch.equal(g.forward(span, store=store), kept)
+    assert g.record is not None and g.record.outcome["predict"] == "recalled"
+
+
+def test_an_equal_state_is_asked_for_once_per_change(store: Store) -> None:
+    """The node's ``settled_state()`` is asked when its weights were touched, once, and
+    not at the forwards after; a real change after that is refused as before."""
+
+    class Counted(Predict):
+        def __init__(self) -> None:
+            super().__init__()
+            self._asked = 0
+
+        def settled_state(self) -> str:
+            self._asked += 1
+            return super().settled_state()
+
+    node = Counted().identified("tests.test_torch_settled:Counted")
+    g = _graph(node)
+    span = {"at": 6, "take": 2}
+    g.forward(span, store=store)
+    assert node._asked == 1  # by settle(g)
+    _given_a_gradient(node)
+    for _ in range(3):
+        g.forward(span, store=store)
+    assert node._asked == 2
+    _add_in_place(node)
+    for _ in range(2):
+        with pytest.raises(NotSettled, match=r"`self\.encoder`, an nn\.Module, changed"):
+            g.forward(span, store=store)
+    assert node._asked == 3
+
+
+def test_a_settled_state_that_raises_when_asked_again_is_refused_saying_why(
+    store: Store,
+) -> None:
+    """A ``settled_state()`` that raises when the watch asks whether the weights are still
+    equal leaves the node refused, the message naming the error, until settled again."""
+
+    class Fickle(Predict):
+        broken = False
+
+        def settled_state(self) -> str:
+            if self.broken:
+                raise RuntimeError("the checkpoint is gone")
+            return super().settled_state()
+
+    node = Fickle().identified("tests.test_torch_settled:Fickle")
+    g = _graph(node)
+    span = {"at": 8, "take": 2}
+    g.forward(span, store=store)
+    node.broken = True
+    _given_a_gradient(node)
+    said = r"`settled_state\(\)` raised RuntimeError: the checkpoint is gone.*settle\(g\)` again"
+    with pytest.raises(NotSettled, match=said):
+        g.forward(span, store=store)
+    node.broken = False
+    settle(g)
+    assert torch.equal(g.forward(span, store=store), _truth(g, span))

@@ -16,9 +16,11 @@ them handed back for the other.
 ``settled_state()`` is heard only here, and what a node holds may change after (a torch
 module it keeps, stepped by an optimizer). A library that can watch such state cheaply
 (:func:`~somatize.node.watches_settled`: ``somatize.torch`` watches the modules a node
-keeps) has it watched from here on: a forward that finds it changed takes the digest back,
-and the node is refused where its key is needed (``NotSettled``, saying what changed) until
-it is settled again. Its key never names a state it no longer holds.
+keeps) has it watched from here on. A forward that finds it touched asks the node's
+``settled_state()`` once: the same digest, and it is watched afresh and goes on; another (or
+an error), and the digest is taken back and the node is refused where its key is needed
+(``NotSettled``, saying what changed) until it is settled again. Its key never names a state
+it no longer holds, and settling stays the user's act.
 """
 
 from __future__ import annotations
