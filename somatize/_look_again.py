@@ -53,6 +53,8 @@ from somatize.node import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from somatize.graph import Graph
 
 __all__ = ["declared_again", "look_again"]
@@ -172,17 +174,20 @@ def _looked_at_settled(graph: Graph) -> None:
         what = watch()
         if what is None:
             continue
-        refused = _settled_elsewhere(graph, name, settled)
+        refused = _settled_elsewhere(graph, name, settled, watch)
         if refused is not None:
             changed[name] = f"{what}, and {refused}"
             memory.unsettle(name)
 
 
-def _settled_elsewhere(graph: Graph, name: str, settled: str) -> str | None:
-    """Why the node ``name``, whose watch found what it holds touched, no longer holds the
-    state ``settled`` it was settled at, in words; None when its ``settled_state()`` still
-    says that digest, and then it is watched afresh from here, so that the node is asked
-    once per change and never at a forward that finds none."""
+def _settled_elsewhere(
+    graph: Graph, name: str, settled: str, watch: Callable[[], str | None]
+) -> str | None:
+    """Why the node ``name``, whose ``watch`` found what it holds touched, no longer holds
+    the state ``settled`` it was settled at, in words; None when its ``settled_state()``
+    still says that digest and the watch finds the values it holds equal, and then it is
+    watched afresh from here, so that the node is asked once per change and never at a
+    forward that finds none."""
     node = graph.node(name)
     # Taken first, as settle takes it: a change made while the state is worked out is seen.
     fresh = settled_watch(node)
@@ -195,6 +200,13 @@ def _settled_elsewhere(graph: Graph, name: str, settled: str) -> str | None:
         )
     if now != settled:
         return f"its `settled_state()` now says {now!r}, not {settled!r}"
+    # The watch is there for what `settled_state()` does not hear (a digest worked out once).
+    holds_as = getattr(watch, "holds_as", None)
+    if holds_as is not None and not holds_as(fresh):
+        return (
+            "it holds other values than it was settled with, which its `settled_state()`, "
+            "saying the same digest, does not hear"
+        )
     graph.watch_settled(name, fresh)
     return None
 

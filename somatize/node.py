@@ -273,7 +273,10 @@ def watches_settled(watch_of: Callable[[Any], Callable[[], str | None] | None]) 
     ``settled_state()`` a watch of the state it holds, or None where it holds none the
     library knows (idempotent). The watch, asked at every forward, answers what changed
     since, in words, or None: ``settled_state()`` is the node's own, and a change it does not
-    hear (a module's weights stepped in place) would be keyed by the state before."""
+    hear (a module's weights stepped in place) would be keyed by the state before. A watch
+    with a ``holds_as(later)`` method says whether the state held the same values when the
+    watch ``later`` was taken: a touch that leaves them equal (weights moved away and back)
+    goes on, a change ``settled_state()`` does not hear is refused."""
     if watch_of not in _WATCHES_SETTLED:
         _WATCHES_SETTLED.append(watch_of)
 

@@ -24,6 +24,7 @@ from torch import nn
 
 from somatize.node import UNSET, attributes_of, tells_state
 from somatize_torch._state import StateWatch
+from somatize_torch.digest import digest_named
 
 __all__ = ["KeptWeightsWatch", "kept_weights", "watch_kept_weights"]
 
@@ -80,11 +81,14 @@ class KeptWeightsWatch:
     (``copy.deepcopy`` of the graph, a pickle) watches the copy's weights, equal to the
     original's when copied, and says changed where the original's had."""
 
-    __slots__ = ("_changed", "_kept", "_node")
+    __slots__ = ("_changed", "_kept", "_node", "_values")
 
-    def __init__(self, node: Any, changed: str | None = None) -> None:
+    def __init__(self, node: Any, changed: str | None = None, values: str | None = None) -> None:
         self._node = node
         self._changed = changed
+        # What the weights hold, to tell a touch that leaves them equal from a change a
+        # `settled_state()` worked out once (a checkpoint's digest) does not hear.
+        self._values = _values_of(node) if values is None else values
         kept: dict[str, tuple[Any, list[tuple[Any, StateWatch | _ParameterWatch]]]] = {}
         for name, value, part in kept_weights(node):
             watch = StateWatch(part) if isinstance(part, nn.Module) else _ParameterWatch(part)
@@ -114,11 +118,29 @@ class KeptWeightsWatch:
                     )
         return None
 
+    def holds_as(self, later: KeptWeightsWatch) -> bool:
+        """Whether the weights held the same values when ``later`` was taken as when this
+        watch was."""
+        return self._values == later._values
+
     def __getstate__(self) -> dict[str, Any]:
-        return {"node": self._node, "changed": self()}
+        return {"node": self._node, "changed": self(), "values": self._values}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["node"], state["changed"])  # type: ignore[misc]
+        # A watch pickled before it kept the values: the copy's, equal when copied.
+        self.__init__(state["node"], state["changed"], state.get("values"))  # type: ignore[misc]
+
+
+def _values_of(node: Any) -> str:
+    """The digest of the values of the weights ``node`` keeps, wherever they live."""
+    named: dict[str, torch.Tensor] = {}
+    for at, (name, _, part) in enumerate(kept_weights(node)):
+        if isinstance(part, nn.Module):
+            held = [*part.named_parameters(), *part.named_buffers()]
+        else:
+            held = [("", part)]
+        named.update((f"{at}.{name}.{inner}", t.detach()) for inner, t in held)
+    return digest_named(named)
 
 
 def _replaced(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:

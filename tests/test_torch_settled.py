@@ -310,3 +310,31 @@ def test_a_settled_state_that_raises_when_asked_again_is_refused_saying_why(
     node.broken = False
     settle(g)
     assert torch.equal(g.forward(span, store=store), _truth(g, span))
+
+
+class LoadedOnce(Predict):
+    """Says the digest of the weights it was built with, worked out once: its
+    ``settled_state()`` does not hear them change after (a checkpoint's digest)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._loaded = smt.digest_named(self.encoder.state_dict())
+
+    def settled_state(self) -> str:
+        return self._loaded
+
+
+@_each("change", CHANGES)
+def test_weights_changed_where_settled_state_says_the_same_digest_are_refused(
+    store: Store, change: Callable[[Predict], None]
+) -> None:
+    """The watch is there for what ``settled_state()`` does not hear: weights stepped after
+    settle are refused though it still says the digest it was settled at, never recalled
+    as answers of the weights they no longer hold."""
+    node = LoadedOnce().identified("tests.test_torch_settled:LoadedOnce")
+    g = _graph(node)
+    span = {"at": 3, "take": 2}
+    g.forward(span, store=store)
+    change(node)
+    with pytest.raises(NotSettled, match=r"other values.*settle\(g\)` again"):
+        g.forward(span, store=store)
