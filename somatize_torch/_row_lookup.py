@@ -57,6 +57,7 @@ from somatize_torch._rowwise import (
     _in_eval,
     _same_answers,
     _still_keyed,
+    answered_for_layout,
 )
 from somatize_torch.codec import TENSOR
 from somatize_torch.deferred import Deferred, DeferredRows
@@ -236,7 +237,7 @@ def _recall_or_run(
             rows = rows.clone()
         pieces.append((None if len(positions) == count else positions, rows))
     if len(positions) < count:
-        computed += _learn_layout(self, x, pieces[0][1], orders, ahead, (keying, watch))
+        computed += _learn_layout(self, x, pieces[0][1], orders, ahead)
     # Rows all computed now are the module's own as they are; any recalled are laid out.
     out = _assemble(pieces, count, x.device, {} if len(positions) == count else orders)
     if isinstance(x, DeferredRows):
@@ -337,22 +338,21 @@ def _learn_layout(
     recalled: torch.Tensor,
     orders: dict[tuple[torch.Size, torch.dtype], list[int] | None],
     ahead: torch.Tensor | None,
-    keyed: tuple[_Keying, StateWatch | None],
 ) -> float:
     """Learns how the module lays out rows like ``recalled`` for inputs laid out as ``x``,
     where no batch it ran from such inputs said so yet (a layout first met with every
     row recalled, or a new cache recalling from the store): the rows' own layout is the
     one they were computed in, maybe from inputs laid out otherwise. It is seen on the
-    batch run ahead, if any, else by running the module on the first two rows of ``x``
-    (one where it holds one): answers neither kept nor counted as rows computed. Returns
+    batch run ahead, if any, else by running the module once on the first two rows of
+    ``x`` (one where it holds one): answers neither kept nor counted as rows computed. Returns
     how long the module ran. Rows of a Deferred are not run so: answered, their inputs are
     not loaded (they come back as kept, until the cache computes a batch of them)."""
     if (recalled.shape[1:], recalled.dtype) in orders or isinstance(x, DeferredRows):
         return 0.0  # as a rule: one dict lookup a batch
     began = time.perf_counter()
-    keying, watch = keyed
-    rows = ahead if ahead is not None else _run(self, x, list(range(min(len(x), 2))), keying, watch)
-    _learn_order(self, orders, rows)
+    if ahead is None:
+        ahead = answered_for_layout(self, x, list(range(min(len(x), 2))))
+    _learn_order(self, orders, ahead)
     return time.perf_counter() - began
 
 

@@ -69,14 +69,8 @@ def _compute(
         sub = x.load(positions, as_given=given_holds(self, x, keying.version))
         if sub.dtype != keying.dtype:
             sub = sub.to(keying.dtype)
-    elif len(positions) == x.shape[0]:
-        sub = x
     else:
-        # Picked rows come in C order where the batch's own dim lies inside its memory (a
-        # batch transposed): laid out as the batch is, the module answers them as it
-        # answers the batch, and that is the layout learned for rows recalled.
-        picked = x[torch.tensor(positions, dtype=torch.long, device=x.device)]
-        sub = laid_out(picked, batch_order(x))
+        sub = _picked(x, positions)
     # Taken before the forward, which may write into its input.
     ends = sub[:: len(positions) - 1].clone() if not keying.rowwise and len(positions) > 1 else None
     alike = ends is not None and _copies_of_one(sub)
@@ -108,6 +102,27 @@ def _compute(
         _check_rowwise(self, ends, out, keying, watch, alike)
     if len(positions):
         _same_answers(self, out, keying, watch)
+    return out
+
+
+def _picked(x: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """The rows of the batch ``x`` at ``positions``: ``x`` itself where they are all of it.
+    Picked rows come in C order where the batch's own dim lies inside its memory (a batch
+    transposed): laid out as the batch is, the module answers them as it answers the
+    batch, and that is the layout learned for rows recalled."""
+    if len(positions) == x.shape[0]:
+        return x
+    picked = x[torch.tensor(positions, dtype=torch.long, device=x.device)]
+    return laid_out(picked, batch_order(x))
+
+
+def answered_for_layout(self: CachedRows, x: torch.Tensor, positions: list[int]) -> torch.Tensor:
+    """The module's answer on the rows of ``x`` at ``positions``, run once only to see how
+    it lays out its answer for inputs laid out as ``x``: neither kept nor returned, so
+    not checked row by row (its first computed batch is), which would run it twice more."""
+    sub = _picked(x, positions)
+    out: torch.Tensor = _answer(self, sub, handed=sub is x)
+    _check_answer(self, out, len(positions), sub.dim())
     return out
 
 

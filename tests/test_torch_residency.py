@@ -2466,8 +2466,7 @@ def test_two_caches_of_one_store_recall_each_others_unwritten_rows(
     with _writes_held(monkeypatch):
         answered = first(x)
         out = second(x[[3, 1, 0]])
-        # The second ran two of its rows only to see how the module lays out a batch.
-        assert ran == [8, 2], "rows staged by the other cache were computed again"
+        assert sum(ran) == 8, "rows staged by the other cache were computed again"
         assert (second.stats.from_pending, second.stats.computed) == (3, 0)
         assert torch.equal(out, answered[[3, 1, 0]])
     second.flush()
