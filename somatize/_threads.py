@@ -26,7 +26,6 @@ __all__ = [
     "StartedPool",
     "hash_read",
     "hash_threads",
-    "hash_to_end",
     "make_room",
     "process_pool",
     "start_thread",
@@ -55,31 +54,23 @@ _HASH_PART = 1 << 20
 stays in the processor's cache is filled and hashed faster than a larger one."""
 
 
-def hash_read(handle: io.RawIOBase | io.BufferedIOBase, size: int) -> str | None:
-    """The BLAKE3 digest (``blake3:…``) of the next ``size`` bytes of ``handle``, read a
-    part at a time into one buffer; None when the file ends sooner (it was cut short).
-    Read, not mapped: a file cut short while it is hashed is then a short read, where a
-    page of a map past its new end would end the process (SIGBUS)."""
+def hash_read(handle: io.RawIOBase | io.BufferedIOBase, size: int | None) -> str | None:
+    """The BLAKE3 digest (``blake3:…``) of the next ``size`` bytes of ``handle`` (None: of
+    all it holds from where it is), read a part at a time into one buffer; None when the
+    file ends before ``size`` bytes (it was cut short). Read, not mapped: a file cut short
+    while it is hashed is then a short read, where a page of a map past its new end would
+    end the process (SIGBUS)."""
     hasher = blake3.blake3(max_threads=hash_threads())
-    room = memoryview(bytearray(min(size, _HASH_PART)))
+    room = memoryview(bytearray(_HASH_PART if size is None else min(size, _HASH_PART)))
     got = 0
-    while got < size:
-        read = handle.readinto(room[: min(len(room), size - got)])
+    while size is None or got < size:
+        read = handle.readinto(room if size is None else room[: min(len(room), size - got)])
         if not read:
+            if size is None:
+                break
             return None
         hasher.update(room[:read])
         got += read
-    return "blake3:" + hasher.hexdigest()
-
-
-def hash_to_end(handle: io.RawIOBase | io.BufferedIOBase) -> str:
-    """The BLAKE3 digest (``blake3:…``) of the bytes of ``handle`` from its start to its
-    end, read a part at a time, as :func:`hash_read` reads them."""
-    hasher = blake3.blake3(max_threads=hash_threads())
-    room = memoryview(bytearray(_HASH_PART))
-    handle.seek(0)
-    while read := handle.readinto(room):
-        hasher.update(room[:read])
     return "blake3:" + hasher.hexdigest()
 
 

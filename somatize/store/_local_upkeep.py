@@ -33,7 +33,7 @@ from stat import S_ISREG
 
 import blake3
 
-from somatize._threads import hash_to_end
+from somatize._threads import hash_read
 from somatize.store._local_files import (
     _READ_ONLY,
     ONE_FILESYSTEM,
@@ -107,7 +107,9 @@ def _hash_at(path: str) -> str:
             # A filesystem that maps no files (FUSE with direct_io, some network mounts:
             # ENODEV) is read instead.
             with open(handle, "rb", buffering=0, closefd=False) as reader:
-                return hash_to_end(reader)
+                read = hash_read(reader, None)
+            assert read is not None  # read to its end, never cut short
+            return read
         with mapped:
             return hash_bytes(mapped)
     finally:
