@@ -131,10 +131,21 @@ _SITE = frozenset({"site-packages", "dist-packages"})
 :data:`_STANDARD_FOLDERS`."""
 
 
+_SOMATIZE = ("somatize", "somatize_torch")
+"""somatize's own packages: the library, not a node's code."""
+
+
 def _somatize_own(kind: type) -> bool:
     """Whether ``kind`` is a class of somatize's own packages, which a node's module or class
     may hold an object of (a codec): written the same wherever the same version runs."""
-    return kind.__module__.partition(".")[0] in ("somatize", "somatize_torch")
+    return kind.__module__.partition(".")[0] in _SOMATIZE
+
+
+def _library_module(top: str) -> bool:
+    """Whether the top-level module ``top`` is the library's a node is written against, not
+    the node's code: torch's (:data:`_LEFT_OUT`), somatize's, or the standard library's
+    (:func:`standard_module`), even run from a checkout beside the user's code."""
+    return top in _LEFT_OUT or top in _SOMATIZE or standard_module(top)
 
 
 def _unwritten_lineage(kind: type) -> bool:
@@ -331,9 +342,7 @@ def _of_the_code(defined: Any, module: str) -> bool:
     if defined == module or _same_package(defined, module):
         return True
     top = main_named(defined.partition(".")[0])
-    if top in _LEFT_OUT or top in ("somatize", "somatize_torch") or standard_module(top):
-        return False
-    return project_of(top) is not None
+    return not _library_module(top) and project_of(top) is not None
 
 
 _PARTIALS = (functools.partial, functools.partialmethod)
@@ -354,9 +363,7 @@ def _same_package(defined: str, module: str) -> bool:
     if not isinstance(defined, str) or not isinstance(module, str):
         return False
     top = main_named(defined.partition(".")[0])
-    if top == "__main__" or top in _LEFT_OUT or standard_module(top):
-        return False
-    if top in ("somatize", "somatize_torch"):  # the library, even run from a checkout beside
+    if top == "__main__" or _library_module(top):
         return False
     reader = main_named(module.partition(".")[0])
     if top == reader:
