@@ -189,6 +189,12 @@ def _settled_elsewhere(
     watched afresh from here, so that the node is asked once per change and never at a
     forward that finds none."""
     node = graph.node(name)
+    weighed_again = getattr(watch, "weighed_again", None)
+    # Only gradients touched (one written at every step): the values alone tell, and a
+    # node asked at each forward would digest its weights at each.
+    equal = None if weighed_again is None else weighed_again()
+    if equal is not None:
+        return None if equal else f"{_OTHER_VALUES}, stepped by what moves no version counter"
     # Taken first, as settle takes it: a change made while the state is worked out is seen.
     fresh = settled_watch(node)
     try:
@@ -204,11 +210,14 @@ def _settled_elsewhere(
     holds_as = getattr(watch, "holds_as", None)
     if holds_as is not None and not holds_as(fresh):
         return (
-            "it holds other values than it was settled with, which its `settled_state()`, "
-            "saying the same digest, does not hear"
+            f"{_OTHER_VALUES}, which its `settled_state()`, saying the same digest, does not hear"
         )
     graph.watch_settled(name, fresh)
     return None
+
+
+_OTHER_VALUES = "it holds other values than it was settled with"
+"""Why a node whose weights were touched is refused, where only their values tell."""
 
 
 def _retaken(graph: Graph, name: str, node: Node, changed: dict[str, Any]) -> None:

@@ -67,6 +67,13 @@ class _ParameterWatch:
             or (thorough and p.data_ptr() != self._where)
         )
 
+    def held_in_place(self) -> bool:
+        p = self._parameter
+        return p._version == self._version and p.data_ptr() == self._where
+
+    def follow_gradients(self) -> None:
+        self._gradient = self._parameter.grad
+
 
 def _items(held: Any) -> tuple[Any, ...]:
     """What a list, tuple or dict holds, to be compared by identity."""
@@ -81,7 +88,7 @@ class KeptWeightsWatch:
     (``copy.deepcopy`` of the graph, a pickle) watches the copy's weights, equal to the
     original's when copied, and says changed where the original's had."""
 
-    __slots__ = ("_changed", "_kept", "_node", "_values")
+    __slots__ = ("_changed", "_graded", "_kept", "_node", "_values")
 
     def __init__(self, node: Any, changed: str | None = None, values: str | None = None) -> None:
         self._node = node
@@ -97,6 +104,7 @@ class KeptWeightsWatch:
             (name, value, _items(value) if isinstance(value, (list, tuple, dict)) else None, parts)
             for name, (value, parts) in kept.items()
         ]
+        self._graded = _holds_gradients(node)
 
     def __call__(self) -> str | None:
         if self._changed is None:
@@ -104,11 +112,10 @@ class KeptWeightsWatch:
         return self._changed
 
     def _looked(self) -> str | None:
-        held = attributes_of(self._node)
-        for name, value, items, parts in self._kept:
-            now = held.get(name, UNSET)
-            if now is not value or (items is not None and _replaced(_items(now), items)):
-                return f"`self.{name}` was given another object"
+        replaced = self._replaced()
+        if replaced is not None:
+            return replaced
+        for name, _, _, parts in self._kept:
             for part, watch in parts:
                 if watch.changed(thorough=True):
                     what = "a parameter" if isinstance(part, nn.Parameter) else "an nn.Module"
@@ -116,7 +123,41 @@ class KeptWeightsWatch:
                         f"`self.{name}`, {what}, changed (a weight or buffer changed in place: "
                         "an optimizer step, `load_state_dict`; or one was replaced)"
                     )
+        if self._graded:
+            # A fused optimizer (`AdamW(fused=True)`) steps a weight holding a gradient
+            # without moving its version counter: only its values tell.
+            return "a weight it keeps holds a gradient, which an optimizer may have stepped it by"
         return None
+
+    def _replaced(self) -> str | None:
+        """Which attribute was given another object, or an item of the list it is, in words."""
+        held = attributes_of(self._node)
+        for name, value, items, _ in self._kept:
+            now = held.get(name, UNSET)
+            if now is not value or (items is not None and _replaced(_items(now), items)):
+                return f"`self.{name}` was given another object"
+        return None
+
+    def weighed_again(self) -> bool | None:
+        """Where only gradients were touched since the watch was taken (given, dropped,
+        or held, a parameter made to require grad or not): whether the weights still hold
+        the values watched, worked out once. True, and the watch follows the gradients as
+        they are and says nothing changed; False: other values (a fused optimizer's step).
+        None where more changed (a weight changed in place, moved or replaced), left to the
+        node's ``settled_state()``. A touch that leaves each weight at its version and in
+        its memory costs one digest of the values, and no asking the node."""
+        if self._replaced() is not None or not all(
+            watch.held_in_place() for _, _, _, parts in self._kept for _, watch in parts
+        ):
+            return None
+        if _values_of(self._node) != self._values:
+            return False
+        for _, _, _, parts in self._kept:
+            for _, watch in parts:
+                watch.follow_gradients()
+        self._graded = _holds_gradients(self._node)
+        self._changed = None
+        return True
 
     def holds_as(self, later: KeptWeightsWatch) -> bool:
         """Whether the weights held the same values when ``later`` was taken as when this
@@ -141,6 +182,15 @@ def _values_of(node: Any) -> str:
             held = [("", part)]
         named.update((f"{at}.{name}.{inner}", t.detach()) for inner, t in held)
     return digest_named(named)
+
+
+def _holds_gradients(node: Any) -> bool:
+    """Whether a parameter among the weights ``node`` keeps holds a gradient."""
+    for _, _, part in kept_weights(node):
+        held = part.parameters() if isinstance(part, nn.Module) else (part,)
+        if any(p.grad is not None for p in held):
+            return True
+    return False
 
 
 def _replaced(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:

@@ -462,11 +462,7 @@ class StateWatch:
         or a parameter came to require grad or got a gradient (and, ``thorough``, whether
         a tensor's memory changed)."""
         return (
-            self._doubted
-            or tuple(map(_VERSION, self._tensors)) != self._versions
-            or self._replaced()
-            or self._read.moved()
-            or sources_changed(self._sharded)
+            self._moved_or_changed()
             or tuple(map(_REQUIRES, self._params)) != self._requires
             or not all(map(operator.is_, map(_GRADIENT, self._params), self._gradients))
             or (
@@ -474,6 +470,32 @@ class StateWatch:
                 and (tuple(map(_WHERE, self._placed)) != self._where or self._memory.let_go())
             )
         )
+
+    def held_in_place(self) -> bool:
+        """Whether each tensor and part is the one watched, at its version, in its memory:
+        what changed since, if anything, is only which parameters require grad and the
+        gradients they hold (:meth:`follow_gradients`)."""
+        return not (
+            self._moved_or_changed()
+            or tuple(map(_WHERE, self._placed)) != self._where
+            or self._memory.let_go()
+        )
+
+    def _moved_or_changed(self) -> bool:
+        """Whether a tensor changed in place, or a tensor or part was replaced, added or
+        removed (the memory a tensor holds aside)."""
+        return (
+            self._doubted
+            or tuple(map(_VERSION, self._tensors)) != self._versions
+            or self._replaced()
+            or self._read.moved()
+            or sources_changed(self._sharded)
+        )
+
+    def follow_gradients(self) -> None:
+        """Watches from here on which parameters require grad, and the gradients they hold."""
+        self._requires = tuple(map(_REQUIRES, self._params))
+        self._gradients = tuple(map(_GRADIENT, self._params))
 
     def ends_moved(self) -> bool:
         """Whether the first or the last floating tensor watched (:func:`_converted_ends`)

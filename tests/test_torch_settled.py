@@ -255,33 +255,34 @@ def test_weights_touched_but_equal_are_followed_without_settling_again(
     assert g.record is not None and g.record.outcome["predict"] == "recalled"
 
 
+class Counted(Predict):
+    """Counts the times its ``settled_state()`` is asked."""
+
+    asked = 0
+
+    def settled_state(self) -> str:
+        self.asked += 1
+        return super().settled_state()
+
+
 def test_an_equal_state_is_asked_for_once_per_change(store: Store) -> None:
     """The node's ``settled_state()`` is asked when its weights were touched, once, and
     not at the forwards after; a real change after that is refused as before."""
-
-    class Counted(Predict):
-        def __init__(self) -> None:
-            super().__init__()
-            self._asked = 0
-
-        def settled_state(self) -> str:
-            self._asked += 1
-            return super().settled_state()
 
     node = Counted().identified("tests.test_torch_settled:Counted")
     g = _graph(node)
     span = {"at": 6, "take": 2}
     g.forward(span, store=store)
-    assert node._asked == 1  # by settle(g)
-    _given_a_gradient(node)
+    assert node.asked == 1  # by settle(g)
+    _there_and_back(node)
     for _ in range(3):
         g.forward(span, store=store)
-    assert node._asked == 2
+    assert node.asked == 2
     _add_in_place(node)
     for _ in range(2):
         with pytest.raises(NotSettled, match=r"`self\.encoder`, an nn\.Module, changed"):
             g.forward(span, store=store)
-    assert node._asked == 3
+    assert node.asked == 3
 
 
 def test_a_settled_state_that_raises_when_asked_again_is_refused_saying_why(
@@ -303,7 +304,7 @@ def test_a_settled_state_that_raises_when_asked_again_is_refused_saying_why(
     span = {"at": 8, "take": 2}
     g.forward(span, store=store)
     node.broken = True
-    _given_a_gradient(node)
+    _there_and_back(node)
     said = r"`settled_state\(\)` raised RuntimeError: the checkpoint is gone.*settle\(g\)` again"
     with pytest.raises(NotSettled, match=said):
         g.forward(span, store=store)
@@ -338,3 +339,49 @@ def test_weights_changed_where_settled_state_says_the_same_digest_are_refused(
     change(node)
     with pytest.raises(NotSettled, match=r"other values.*settle\(g\)` again"):
         g.forward(span, store=store)
+
+
+def test_a_gradient_written_at_every_step_asks_the_node_nothing(store: Store) -> None:
+    """A gradient left on the weights at each step (their module trained along, out of
+    the optimizer) moved the watch at every forward, which asked the node's
+    ``settled_state()``, a digest of all its weights, each time. The weights held in place
+    are compared by their values alone, and the answer is recalled."""
+
+    node = Counted().identified("tests.test_torch_settled:Counted")
+    g = _graph(node)
+    span = {"at": 6, "take": 2}
+    kept = g.forward(span, store=store)
+    for _ in range(3):
+        node.encoder.zero_grad(set_to_none=True)
+        _given_a_gradient(node)
+        assert torch.equal(g.forward(span, store=store), kept)
+        assert g.record is not None and g.record.outcome["predict"] == "recalled"
+    assert node.asked == 1  # by settle(g)
+
+
+def _stepped_fused(node: Predict, optimizer: torch.optim.Optimizer) -> None:
+    optimizer.zero_grad(set_to_none=False)  # the gradient is added to in place
+    _given_a_gradient(node)
+    optimizer.step()
+
+
+@pytest.mark.parametrize("backward_before_forward", [True, False])
+def test_a_fused_optimizer_step_is_refused(store: Store, backward_before_forward: bool) -> None:
+    """A fused optimizer steps a weight in place without moving its version counter, and a
+    gradient added to in place stays the same object: the step went unseen and the answer
+    of the weights settled was recalled. A weight holding a gradient is compared by its
+    values at each forward, and one stepped so is refused."""
+    node = Predict()
+    optimizer = torch.optim.SGD(node.encoder.parameters(), lr=0.5, fused=True)
+    _given_a_gradient(node)
+    g = _graph(node)
+    span = {"at": 2, "take": 3}
+    g.forward(span, store=store)
+    if backward_before_forward:
+        _stepped_fused(node, optimizer)
+    else:
+        optimizer.step()  # with the gradient held when the forward looked
+    with pytest.raises(NotSettled, match=r"other values.*settle\(g\)` again"):
+        g.forward(span, store=store)
+    settle(g)
+    assert torch.equal(g.forward(span, store=store), _truth(g, span))
