@@ -2070,3 +2070,15 @@ def test_a_parquet_source_runs_on_a_network_worker_whatever_float32_precision_is
     assert isinstance(reply, Reply)
     assert unpack(reply.codec, reply.data).column("n") == [2, 3, 4]
     assert job.precision is None
+
+
+def test_a_directory_reads_a_span_within_a_map_of_null_values(tmp_path: Path) -> None:
+    """A map column whose values are all null (Arrow's `null` type) is read by span from a
+    directory as pyarrow reads it, from within a row group too: rows taken out of a group
+    are not retyped as a slice (which Arrow's cast of such a slice gets wrong)."""
+    kind = pyarrow.map_(pyarrow.string(), pyarrow.null())
+    table = pyarrow.table({"m": pyarrow.array([[("k", None)], None, [("j", None)]] * 4, kind)})
+    pyarrow.parquet.write_table(table, tmp_path / "a.parquet", row_group_size=5)
+    frame = ParquetDir(tmp_path).forward({"at": 1, "take": 7}, ctx())
+    assert frame.column("m") == table.slice(1, 7).column("m").to_pylist()
+    frame.to_arrow().validate(full=True)

@@ -372,9 +372,18 @@ class _File:
         """How many reads are using it (guarded by the lock of the :class:`_OpenFiles` that
         holds it): it is not closed under them."""
 
-    def read(self, at: int, take: int, held: _Held, number: int) -> pyarrow.Table:
+    def read(
+        self,
+        at: int,
+        take: int,
+        held: _Held,
+        number: int,
+        shaped: Callable[[pyarrow.Table], pyarrow.Table] | None = None,
+    ) -> pyarrow.Table:
         """Rows ``at`` to ``at + take`` of this file (fewer at its end, none past it), the
-        source's file ``number``: row groups ``held`` keeps are not decoded again."""
+        source's file ``number``: row groups ``held`` keeps are not decoded again. Each group
+        is ``shaped`` as it is decoded, whole: Arrow's cast of a slice of some columns (a
+        map of null values) makes arrays that do not hold together."""
         footer = self.footer
         end = min(at + take, footer.rows)
         if at >= end:
@@ -382,15 +391,23 @@ class _File:
         first = bisect.bisect_right(footer.starts, at) - 1
         last = bisect.bisect_left(footer.starts, end) - 1
         with self.lock:
-            groups = [self._group(index, held, number) for index in range(first, last + 1)]
+            groups = [self._group(index, held, number, shaped) for index in range(first, last + 1)]
         table = _joined(groups)
         return table.slice(at - footer.starts[first], end - at)
 
-    def _group(self, index: int, held: _Held, number: int) -> pyarrow.Table:
+    def _group(
+        self,
+        index: int,
+        held: _Held,
+        number: int,
+        shaped: Callable[[pyarrow.Table], pyarrow.Table] | None,
+    ) -> pyarrow.Table:
         found = held.get((number, index))
         if found is not None:
             return found
         table = self._read_group(index)
+        if shaped is not None:
+            table = shaped(table)
         table = read_only(table)  # a node writing into a column cannot change the rows kept
         held.keep((number, index), table)
         return table

@@ -590,13 +590,16 @@ class ParquetDir(_Versioned):
             self._check(index)
             offset = starts[index]
             with self._files.using(index, partial(self._opened, index, footers[index])) as one:
-                piece = one.read(max(at - offset, 0), end - max(at, offset), self._held, index)
+                shaped = partial(_as_shared, schema=schema)
+                piece = one.read(
+                    max(at - offset, 0), end - max(at, offset), self._held, index, shaped
+                )
             # Again after the read: a file rewritten in place while it was being read (its
             # time moves before its bytes do) may have handed over some of its new rows,
             # even where it was written back as it was by now.
             self._check(index, read=True)
             if piece.num_rows:
-                pieces.append(_as_shared(piece, schema))
+                pieces.append(piece)
             index += 1
         return Frame(_joined(pieces))
 
