@@ -875,6 +875,99 @@ def test_a_torch_function_a_script_replaced_is_the_same_code_when_spawned(
     assert spawned == here
 
 
+_MODULE_NAMING = """
+from somatize import Node
+from somatize.catalog import fingerprint_of, identity_of
+
+class Doubled(Node):
+    def forward(self, x, ctx):
+        return x * 2
+
+def named():
+    return [identity_of(Doubled), fingerprint_of(Doubled)]
+
+if __name__ == "__main__":
+    print(*named())
+"""
+
+
+def test_a_script_run_with_dash_m_is_recalled_where_its_module_is_imported(
+    tmp_path: Path,
+) -> None:
+    """A script run as ``python -m pkg.script`` names its nodes by the module it is
+    imported as (``pkg.script``), in it and in a process ``multiprocessing`` spawns from
+    it: its answers are recalled where ``pkg.script`` is imported, and the other way."""
+    code = tmp_path / "code"
+    code.mkdir()
+    _write(code / "beside_helpers.py", "def shift(x):\n    return x + 1\n")
+    _package(code, "pkg", script=_SCRIPT_SPAWNING)
+    imported = "import sys, pkg.script as m; print(*m.answer(sys.argv[1]))"
+    first = str(tmp_path / "first")
+    assert _printed(["-m", "pkg.script", first], code).split() == [
+        *("6", "ran", "kept", "finished", "|", "6", "recalled", "finished"),
+    ]
+    assert _printed(["-c", imported, first], code).split() == ["6", "recalled", "finished"]
+    second = str(tmp_path / "second")
+    assert _printed(["-c", imported, second], code).split() == ["6", "ran", "kept", "finished"]
+    assert _printed(["-m", "pkg.script", second], code).split() == [
+        *("6", "recalled", "finished", "|", "6", "recalled", "finished"),
+    ]
+
+
+def test_a_script_run_by_its_path_or_by_a_runner_stays_named_as_of_main(
+    tmp_path: Path,
+) -> None:
+    """A script run by its path is named as of ``__main__``, and so is one a runner of the
+    standard library runs (``python -m cProfile``): that runner is what ``-m`` ran, not the
+    script. Run with ``-m`` itself, it is named by its module."""
+    code = tmp_path / "code"
+    code.mkdir()
+    package = _package(code, "pkg", script=_MODULE_NAMING)
+    path = str(package / "script.py")
+    by_path = _printed([path], code).split()
+    assert by_path[0] == "__main__:Doubled"
+    profiled = _printed(["-m", "cProfile", "-o", str(tmp_path / "profile"), path], code)
+    assert profiled.split()[1] == by_path[1]
+    as_module = _printed(["-m", "pkg.script"], code).split()
+    imported = "import pkg.script as m; print(*m.named())"
+    assert as_module == _printed(["-c", imported], code).split()
+    assert as_module[0] == "pkg.script:Doubled"
+
+
+_MODULE_CROSSING = """
+import sys
+from somatize import Broker, Graph, Node, Worker
+
+print("loaded", __name__)
+
+class Doubled(Node):
+    def forward(self, rows, ctx):
+        return [r * 2 for r in rows]
+
+if __name__ == "__main__":
+    crossing = Graph.somatize(Doubled().named("doubled").at("w1"))
+    worker = Broker.embedded({"w1": Worker.generic(mode="network")})
+    seen = []
+    print(*crossing.forward([1, 2], broker=worker, watching=seen.append))
+    print(*(f["fact"] for f in seen))
+"""
+
+
+def test_a_script_run_with_dash_m_crosses_to_a_network_worker_without_running_again(
+    tmp_path: Path,
+) -> None:
+    """A node of a script run as ``python -m pkg.script``, named ``pkg.script:…``, is
+    rebuilt on an embedded network worker from the script that runs: its module is not
+    imported a second time, which would run its code again."""
+    code = tmp_path / "code"
+    code.mkdir()
+    _package(code, "pkg", script=_MODULE_CROSSING)
+    printed = _printed(["-m", "pkg.script"], code).splitlines()
+    assert printed[0] == "loaded __main__"
+    assert printed[1] == "2 4"
+    assert sorted(printed[2].split()) == ["crossed", "crossed", "finished", "ran"]
+
+
 def test_a_node_of_a_checkout_beside_the_library_is_the_same_code_from_any_folder(
     tmp_path: Path,
 ) -> None:

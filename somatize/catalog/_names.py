@@ -88,7 +88,7 @@ from somatize.catalog._members import (
     _table,
     _value_base,
 )
-from somatize.catalog._project import main_named, qualified
+from somatize.catalog._project import key_named, qualified
 
 Looked = tuple[tuple["weakref.ref[Any]", str, Any], ...]
 """Each global name a fingerprint looked up: a function that reads it (in whose module
@@ -253,7 +253,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
             value = space[name]
             if place not in looked:
                 looked[place] = (reader, name, _found_as(value, module, name))
-            label = f"{main_named(module)}:{name}".encode()
+            label = f"{key_named(module)}:{name}".encode()
             if isinstance(value, FunctionType):
                 if value.__module__ != module:
                     if not _as_imported(value, module, name):  # set there by hand (a fake)
@@ -317,7 +317,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                     said = _class_code(kind) if _somatize_own(kind) else _token_of(value)
                 out[place] = (b"object " + label, said)
                 # watched, as a table it only reads is: one changed in place is seen
-                seen_as = _HeldSeen(value, _version_of(value), f"{main_named(module)}:{name}")
+                seen_as = _HeldSeen(value, _version_of(value), f"{key_named(module)}:{name}")
                 looked[place] = (looked[place][0], name, seen_as)
                 for method in _class_functions(kind):
                     if id(method) not in seen:
@@ -328,7 +328,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
                 # function and the object, as a class holding it names it (else by its mark,
                 # as an object of a helper class is), and watched
                 out[place] = (b"object " + label, _held_bytes(value) or _token_of(value))
-                seen_as = _HeldSeen(value, _version_of(value), f"{main_named(module)}:{name}")
+                seen_as = _HeldSeen(value, _version_of(value), f"{key_named(module)}:{name}")
                 looked[place] = (looked[place][0], name, seen_as)
                 if id(runs) not in seen:
                     seen.add(id(runs))
@@ -353,7 +353,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     for place, value in tables.items():
         module, name = place
         made = _assignment(*_written_at(module, name, value))
-        where = f"{main_named(module)}:{name}"
+        where = f"{key_named(module)}:{name}"
         if place in filled or place in stored or not _read_table(value):
             # filled as it runs (a log, a cache), holding objects, or more than a watch
             # reads: as written
@@ -377,7 +377,7 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
     for module, name in stored & looked.keys():
         made = _assignment(_module_body(module), name)
         if made is not None:
-            named.append((f"state {main_named(module)}:{name}".encode(), _as_parsed(made).encode()))
+            named.append((f"state {key_named(module)}:{name}".encode(), _as_parsed(made).encode()))
     return sorted(named), tuple(entry for place, entry in looked.items() if place not in stored)
 
 
@@ -779,7 +779,7 @@ def _replaced_among(
             continue  # `OrderedDict`, `chain`: set in no place of torch's, its text not read
         source = _imports_of(function.__module__).get(name)  # parsed once per module
         if source is not None and _torch_name(source[0]) and not _torch_own(source[1], value):
-            label = f"other {main_named(function.__module__)}:{name}".encode()
+            label = f"other {key_named(function.__module__)}:{name}".encode()
             found.append(((function.__module__, name), label, _replaced_bytes(value), None, value))
     seen: set[int] = set()
     while modules:
@@ -849,7 +849,7 @@ def _replaced_bytes(value: Any) -> bytes:
     every process setting the same, never torch's own."""
     module = getattr(value, "__module__", None)
     if isinstance(module, str):  # a script's as `__main__` where spawned too
-        module = main_named(module)
+        module = key_named(module)
     qualname = getattr(value, "__qualname__", None) or getattr(value, "__name__", None)
     name = f"{module}:{qualname}".encode()
     if isinstance(value, FunctionType):

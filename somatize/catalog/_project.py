@@ -32,14 +32,54 @@ def main_named(module: str) -> str:
     return module
 
 
+def key_named(module: str) -> str:
+    """``module``, the name of a module, as keys, fingerprints and identities name it: as
+    :func:`main_named` says it, but a script ``python -m`` ran (``python -m pkg.script``)
+    by the name it is imported by (``pkg.script``), which Python keeps as its spec's name,
+    in it and in a process ``multiprocessing`` spawns from it. So the same code, run or
+    imported, is keyed alike. A script run by its path, a notebook, and a package's
+    ``__main__`` (``python -m pkg``, which an import would run again) stay ``__main__``."""
+    named = main_named(module)
+    if named != "__main__" and not named.startswith("__main__."):
+        return named
+    importable = script_importable_as(module.partition(".")[0])
+    return named if importable is None else importable + named[len("__main__") :]
+
+
+def script_importable_as(main: str = "__main__") -> str | None:
+    """The name the script loaded as module ``main`` (``__main__``, or ``__mp_main__``
+    where ``multiprocessing`` spawned this process) is imported by, where ``python -m`` ran
+    it as one module of a package or of the path; None for a script run by its path, a
+    notebook, ``python -c``, a package's ``__main__``, or a runner of another's code.
+    """
+    module = sys.modules.get(main)
+    name = _spec_name(module)
+    if name is None or name.rpartition(".")[2] == "__main__":
+        return None
+    # A runner of the standard library or an installed package (`python -m cProfile
+    # train.py`) is `__main__` there, and the script it runs, of another file, is not it.
+    origin = getattr(module, "__file__", None)
+    if not isinstance(origin, str) or _checked(os.path.dirname(origin)) is None:
+        return None
+    return name
+
+
+def _spec_name(main: ModuleType | None) -> str | None:
+    """The name the import system found the script ``main`` by, where ``python -m`` ran
+    it (``pkg.script``, ``pkg.__main__``); None where no import found it."""
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    return name if isinstance(name, str) and name and name != "__main__" else None
+
+
 def qualified(named: Any) -> str:
     """``module:qualname`` of ``named``, a class or function, its module as
-    :func:`main_named` says it: what every key, fingerprint and identity names it by, the
-    same in the script and in a process ``multiprocessing`` spawns from it. A function made
+    :func:`key_named` says it: what every key, fingerprint and identity names it by, the
+    same in the script, in a process ``multiprocessing`` spawns from it, and, for a script
+    ``python -m`` ran, where its module is imported. A function made
     with globals naming no module (``exec(text, {})``, ``types.FunctionType``) has none:
     it is named by its qualified name alone."""
     module = named.__module__
-    return f"{main_named(module) if isinstance(module, str) else ''}:{named.__qualname__}"
+    return f"{key_named(module) if isinstance(module, str) else ''}:{named.__qualname__}"
 
 
 def project_of(top: str) -> str | None:
@@ -58,9 +98,8 @@ def _main_folder(main: ModuleType) -> str | None:
     """The project of the script or notebook that runs: the package ``python -m`` ran a
     module of, the folder of a script, else (a notebook, ``python -c``) the working
     directory, which Python puts first on its path for them."""
-    spec = getattr(main, "__spec__", None)
-    name = getattr(spec, "name", None)
-    if isinstance(name, str) and name and name != "__main__":
+    name = _spec_name(main)
+    if name is not None:
         return project_of(name.partition(".")[0])
     file = getattr(main, "__file__", None)
     if isinstance(file, str):  # the folder of the script itself, where it is a link

@@ -13,10 +13,11 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from functools import cached_property
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from somatize import canonical
-from somatize.catalog._project import main_named, qualified
+from somatize.catalog._project import main_named, qualified, script_importable_as
 from somatize.errors import SomatizeError
 
 if TYPE_CHECKING:
@@ -32,7 +33,9 @@ def identity_of(kind: type) -> str | None:
 
     A class defined in ``__main__`` has an identity (a notebook's nodes are keyed
     like any other), the same in a process ``multiprocessing`` spawns, which loads the
-    script as ``__mp_main__`` (:func:`main_named`); one defined inside a function does
+    script as ``__mp_main__`` (:func:`main_named`), and named by its module where
+    ``python -m`` ran the script (``pkg.script:Enc``, :func:`key_named`, found in the
+    script that runs by :meth:`Catalog.resolve`); one defined inside a function does
     not, since every call makes another class under the same name; nor does any class
     its module does not hold under its name — one made by ``type(...)`` in a function (a factory's
     ``type("Add", (Node,), {"k": k, "forward": ...})``), whose values (what it holds,
@@ -119,6 +122,15 @@ def _dotted(name: str) -> bool:
     return all(part.isidentifier() for part in name.split("."))
 
 
+def _running_script(name: str) -> ModuleType | None:
+    """The script that runs here, where ``python -m`` ran it as module ``name`` and no import
+    loaded ``name`` besides: its classes are the ones ``name`` holds, and importing
+    ``name`` would run its code a second time, making other classes of the same names."""
+    if name in sys.modules or script_importable_as() != name:
+        return None
+    return sys.modules["__main__"]
+
+
 def _lookup(module: Any, qualname: str) -> Any:
     found = module
     for part in qualname.split("."):
@@ -174,7 +186,7 @@ class Catalog:
                 "or register it there with `Catalog.register`"
             )
         try:
-            found: Any = importlib.import_module(module_name)
+            found: Any = _running_script(module_name) or importlib.import_module(module_name)
         except (ImportError, ValueError, TypeError) as error:
             raise Unbuildable(
                 f"`{identity}` cannot be rebuilt here: importing `{module_name}` failed ({error})"
