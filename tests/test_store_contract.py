@@ -802,6 +802,23 @@ def test_bad_names_refused(home: Store, name: str) -> None:
         home.bind(name, digest)
 
 
+@pytest.mark.parametrize("name", ["con", "data/NUL", "aux.json", "sms/Com1.tar.gz", "lpt9/train"])
+def test_a_name_windows_keeps_for_a_device_is_refused_and_bound_otherwise(
+    home: Store, name: str
+) -> None:
+    """A name with a segment Windows keeps for a device (`con`, `nul.txt`, `LPT1`, any
+    case) is refused, saying what to do, since a store moves between homes and no such
+    file is made on Windows; a name merely beginning so (`console`, `com10`) binds."""
+    digest = home.put(b"rows")
+    with pytest.raises(BadName, match="Windows keeps for a device"):
+        home.bind(name, digest)
+    with pytest.raises(NameNotFound):
+        home.resolve(name)
+    for fine in ("console", "nulls/com10", "lpt", "aux-data"):
+        home.bind(fine, digest)
+        assert home.resolve(fine) == digest
+
+
 def test_bad_digest_refused(home: Store) -> None:
     """A digest that is not blake3:<64 hex> is refused before any path is built."""
     with pytest.raises(BadName, match="is not a digest"):

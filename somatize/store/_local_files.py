@@ -70,9 +70,9 @@ from somatize.store.base import (
     StoreError,
     StoreFull,
     case_clash,
+    check_bindable,
     check_digest,
     check_labels,
-    check_name,
     names_above,
     nested,
     spelled_otherwise,
@@ -884,7 +884,7 @@ class LocalFiles(PackedHome):
         """The blob is touched first, so a gc running now spares it for the name about to
         point at it, and looked for again once the name is written: a gc that removed it
         meanwhile is said, not left as a name pointing at nothing."""
-        check_name(name)
+        check_bindable(name)
         self._refuse_writing(f"bind `{name}` in")
         blob = self._blob_file(digest)
         names = self.root / "names"

@@ -92,6 +92,11 @@ platform's clock can show the times before it."""
 
 _DIGEST = re.compile(r"blake3:[0-9a-f]{64}\Z")
 _SEGMENT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._=+@-]*\Z")
+_DEVICES = frozenset(
+    ["con", "prn", "aux", "nul"] + [f"{port}{n}" for port in ("com", "lpt") for n in range(1, 10)]
+)
+"""The file names Windows keeps for devices, whatever their case and extension (``NUL.txt``
+is the device ``NUL``): no file can be made under them there."""
 
 
 class StoreError(SomatizeError, OSError):
@@ -306,6 +311,22 @@ def check_name(name: str) -> str:
             raise BadName(
                 f"name {name!r} has segment {segment!r}: segments are ASCII letters, digits and "
                 "`._=+@-`, starting with a letter or digit (no spaces or control characters)"
+            )
+    return name
+
+
+def check_bindable(name: str) -> str:
+    """``name`` if it is a name (:func:`check_name`) that can be a file's path on every
+    home a store is copied to; BadName for one with a segment Windows keeps for a device
+    (``con``, ``nul.txt``, ``LPT1``), where no name could be bound or read back."""
+    check_name(name)
+    for segment in name.split("/"):
+        if segment.split(".", 1)[0].lower() in _DEVICES:
+            raise BadName(
+                f"name {name!r} has segment {segment!r}, which Windows keeps for a device "
+                "(CON, PRN, AUX, NUL, COM1-COM9 and LPT1-LPT9, in any case and with any "
+                "extension): a name is a file, and no file is made under it there. Name it "
+                f"otherwise (`{segment.split('.', 1)[0]}-data`, say)"
             )
     return name
 

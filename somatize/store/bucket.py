@@ -77,6 +77,7 @@ from somatize.store.base import (
     NameNotFound,
     StoreError,
     case_clash,
+    check_bindable,
     check_digest,
     check_name,
     current_directory,
@@ -1160,6 +1161,7 @@ class BucketStore(BucketShelf):
         a bucket cannot write a name only if no such name is there, so one bound by another
         process meanwhile (``sms/train/small`` while this binds ``sms/train``) makes this
         bind take its name back and refuse (both may be refused; never both bound)."""
+        check_bindable(name)
         self._check_name(name)
         blob = self._blob_path(digest)
         clash = self._nesting(name)
