@@ -181,6 +181,17 @@ def _say_held_for_names(done: Collected, out: TextIO) -> None:
         )
 
 
+def _say_unremoved(unremoved: dict[str, str]) -> None:
+    """Says on stderr which files a gc may not remove and went past (a few of them)."""
+    shown = [f"{_printable(where)} ({_printable(why)})" for where, why in unremoved.items()]
+    more = f", and {len(shown) - 3} more" if len(shown) > 3 else ""
+    print(
+        f"could not remove {len(shown)} files, left as they are: {', '.join(shown[:3])}{more}. "
+        "gc went on past them, oldest first; run it as a user who may write the whole store",
+        file=sys.stderr,
+    )
+
+
 def _writes(args: argparse.Namespace) -> bool:
     """Whether the command ``args`` name changes the store: gc, compact and ``verify
     --quarantine`` do; the others only read it, so they open it ``read_only=True``, which
@@ -599,6 +610,9 @@ def _run(args: argparse.Namespace, out: Any, bar: Progress | None) -> int:
                 file=out,
             )
             _say_held_for_names(done, out)
+            if done.unremoved:
+                _say_unremoved(done.unremoved)
+                return 2
         elif args.command == "compact":
             _say_compacted(store.compact(grace=args.grace), args.grace, out)
         elif args.command == "verify":

@@ -2001,3 +2001,38 @@ def test_contents_and_listing_refuse_a_section_they_cannot_tell(store: Store) ->
     with pytest.raises(ValueError, match="`blobs`"):
         listing(store, "Blobs")
     assert [entry.size for entry in listing(store, "blobs")] == [6]
+
+
+def test_gc_goes_past_a_record_it_may_not_remove_oldest_first_to_meet_the_budget(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record gc may not remove (in another user's folder) stopped it with the newer of
+    the answers it dropped removed and the oldest left. It now goes on past it, oldest
+    first, drops the newest in its stead so the budget is met, and says which it left."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    old, stuck, new = key_of(1), key_of(2), key_of(3)
+    for age, key in ((300, old), (200, stuck), (100, new)):
+        store.keep(key, bytes([age % 251]) * 1000, "plain")
+        record = root / "answers" / key[7:9] / key[7:]
+        os.utime(record, (time.time() - age, time.time() - age))
+    store.close()
+    held = root / "answers" / stuck[7:9] / stuck[7:]
+    rename = os.rename
+
+    def refusing(source: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        if os.fspath(source) == str(held):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(source))
+        rename(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", refusing)
+    done = LocalStore(root).gc(1500, grace=0)
+    assert list(done.unremoved) == [f"answers/{stuck[7:9]}/{stuck[7:]}"]
+    assert done.answers == 2 and done.kept <= 1500
+    assert LocalStore(root).have([old, stuck, new]) == {stuck}
+    store = LocalStore(root)
+    store.keep(old, b"kept again", "plain")
+    store.close()
+    assert main(["store", "gc", "--store", str(root), "--max-bytes", "0", "--grace", "0"]) == 2
+    assert "could not remove 1 files" in capsys.readouterr().err
+    assert LocalStore(root).have([old, stuck]) == {stuck}

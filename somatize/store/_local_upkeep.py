@@ -213,7 +213,7 @@ class LocalShelf(LocalFiles):
             try:
                 (base / name).unlink(missing_ok=True)
             except OSError as why:
-                raise self._unremoved(section, name, why) from why
+                self._pass_over(section, name, why)
 
     def _sweep(self, entries: list[Entry], referred: Callable[[], set[str] | None]) -> list[Entry]:
         """Each blob is renamed into ``tmp/`` first and looked at there: one whose time moved
@@ -273,7 +273,8 @@ class LocalShelf(LocalFiles):
                 # any a writer put there since, since a blob is named by them).
                 with contextlib.suppress(OSError):
                     os.replace(aside, path)
-                raise self._unremoved("blobs", entry.name, why) from why
+                self._pass_over("blobs", entry.name, why)
+                return False
             return True
         self._put_back(aside, path, f"blobs/{entry.name}")
         return False
@@ -287,8 +288,20 @@ class LocalShelf(LocalFiles):
         except FileNotFoundError:
             return False
         except OSError as why:
-            raise self._unremoved(section, name, why) from why
+            self._pass_over(section, name, why)
+            return False
         return True
+
+    def _pass_over(self, section: str, name: str, why: OSError) -> None:
+        """Notes ``section/name`` as a file this process may not remove (in a folder of
+        another user of a shared store), for the gc to go on past it, so that what else it
+        would remove still goes, oldest first, and a budget is met where it can be. Any
+        other failure (a read-only disk, a section on another filesystem) stops it
+        (StoreError): every file would fail so."""
+        if why.errno not in (errno.EACCES, errno.EPERM):
+            raise self._unremoved(section, name, why) from why
+        with self._lock:
+            self._passed[f"{section}/{name}"] = os.strerror(why.errno)
 
     def _unremoved(self, section: str, name: str, why: OSError) -> StoreError:
         if why.errno == errno.EXDEV:
@@ -342,7 +355,8 @@ class LocalShelf(LocalFiles):
         except FileNotFoundError:
             return False
         except OSError as why:
-            raise self._unremoved(section, name, why) from why
+            self._pass_over(section, name, why)
+            return False
         return True
 
     def _drop_one(self, section: str, name: str, was: bytes, aside: str) -> bool:

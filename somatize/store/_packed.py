@@ -569,6 +569,7 @@ class PackedHome(Spills, Store):
             "_claims",
             "_sweeping",
             "_released",
+            "_passed",
             "_uses_since",
             *self._read_so_far,
         ):
@@ -608,6 +609,9 @@ class PackedHome(Spills, Store):
         """For each gc of this object running now, the blobs its writes claimed and let go
         of since that gc began: what refers to them was published meanwhile, maybe after
         that gc read the records, so it leaves them."""
+        self._passed: dict[str, str] = {}
+        """``section/name`` → why, of each file a gc of this object could not remove for
+        want of permission and went past (:meth:`_passed_over`)."""
         _HOMES.add(self)
 
     def _held_here(self) -> bool:
@@ -904,6 +908,14 @@ class PackedHome(Spills, Store):
         finally:
             with self._lock:  # by identity: another gc's set may hold the same blobs
                 self._released = [other for other in self._released if other is not released]
+
+    def _passed_over(self) -> dict[str, str]:
+        """The files a gc could not remove for want of permission and went past since it
+        last asked (``section/name`` → why), forgotten as they are handed over. A home that
+        stops at such a file (a bucket whose deletes are refused) hands over none."""
+        with self._lock:
+            passed, self._passed = self._passed, {}
+        return passed
 
     def _own_writes(self) -> set[str]:
         """Names in ``tmp/`` of the files this object is writing now."""

@@ -179,6 +179,8 @@ class Shelf(Protocol):
 
     def _own_writes(self) -> set[str]: ...
 
+    def _passed_over(self) -> dict[str, str]: ...
+
     def _removing_blobs(self, digests: set[str]) -> AbstractContextManager[set[str]]: ...
 
     def _collecting(self) -> AbstractContextManager[None]: ...
@@ -423,6 +425,11 @@ class Collected:
     one of them may point at was removed (:attr:`held_for_names`). ``verify`` says what is
     wrong with each; once each is moved aside by ``verify(quarantine=True)``, or bound
     again, a later ``gc`` removes those blobs as ever."""
+    unremoved: dict[str, str] = field(default_factory=dict)
+    """``section/name`` → why, of each file this gc would have removed but may not (in a
+    folder of another user of a shared store): it is left, and went on past it, so that
+    the oldest answers went first and a newer one in its stead, to meet ``max_bytes``. A
+    gc run as a user who may write the whole store removes them."""
     held_for_names: int = 0
     """Bytes of blobs that nothing else refers to (no record or pack index, no name that
     could be read), old enough to be removed, left because of :attr:`unread_names`."""
@@ -600,36 +607,21 @@ def _collect(
             if used > now:  # stamped by a clock that ran ahead: a use now, aging from here
                 ahead_of_clock.add((section, entry.name))
             units.append(_Unit(section, entry.name, entry.size, min(used, now), blob))
-    held: set[str] = set(pinned)
     kept += sum(blobs[d].size for d in pinned if d in blobs)
     units.sort(key=lambda unit: unit.used, reverse=True)
-    dropping = False
-    dropped: dict[str, list[_Unit]] = {"answers": [], "packs": []}
-    for unit in units:
-        cost = unit.size + (
-            blobs[unit.blob].size if unit.blob in blobs and unit.blob not in held else 0
-        )
-        if max_bytes is not None and not dropping and kept + cost > max_bytes:
-            dropping = True  # strictly by recency: everything older goes too
-        if dropping:
-            dropped[unit.section].append(unit)
-        else:
-            kept += cost
-            held.add(unit.blob)
-    # A pack index is named by the hash of its bytes: the file listed is the file removed.
-    # A record is published again under its key when the answer is kept anew, so only a
-    # record still as it was read is dropped: one a writer kept again since is the writer's.
-    shelf._remove("packs", [unit.name for unit in dropped["packs"]])
     listed = {(r.section, r.entry.name): r.data for r in read}
-    gone = shelf._drop("answers", {u.name: listed["answers", u.name] for u in dropped["answers"]})
-    out.answers, out.packs = len(gone), len(dropped["packs"])
-    out.freed += sum(u.size for u in dropped["answers"] if u.name in gone)
-    out.freed += sum(u.size for u in dropped["packs"])
-    spared = {unit.name for unit in dropped["answers"]} - gone
+    drop = _drop_oldest(shelf, units, listed, max_bytes, kept, pinned, blobs)
+    dropped, held, gone = drop.tried, drop.held, drop.gone
+    out.unremoved.update(drop.unremoved)
+    out.answers, out.packs = len(gone["answers"]), len(gone["packs"])
+    out.freed += sum(
+        u.size for u in dropped["answers"] + dropped["packs"] if u.name in gone[u.section]
+    )
+    spared = {unit.name for unit in dropped["answers"]} - gone["answers"]
     sweep, young = _by_age([e for d, e in blobs.items() if d not in held], now, grace)
     out.young = sum(e.size for e in young)
     ahead_of_clock.update(("blobs", e.name) for e in young if e.mtime > now)
-    ahead_of_clock -= {(unit.section, unit.name) for unit in dropped["answers"] + dropped["packs"]}
+    ahead_of_clock -= {(u.section, u.name) for u in dropped["answers"] + dropped["packs"]}
     _stamp_kept(shelf, ahead_of_clock, now)
     unread = _unread_names(read, blobs.__contains__)
     seen = {
@@ -674,6 +666,7 @@ def _collect(
         # One a writer touched since the last look is left; one referred to after it, by a
         # writer whose put found it there, is put back where a home cannot touch it.
         sweep = shelf._sweep(sweep, referred_now)
+    out.unremoved.update(shelf._passed_over())
     out.blobs = len(sweep)
     out.freed += sum(e.size for e in sweep)
     tmp_grace = grace if abandoned_after is None else abandoned_after
@@ -683,15 +676,115 @@ def _collect(
         now = time.time() - shelf._clock_ahead()
     stale, left = _by_age([e for e in writes if e.name not in own], now, tmp_grace)
     shelf._remove("tmp", [e.name for e in stale])
+    passed = shelf._passed_over()
+    out.unremoved.update(passed)
+    stale = [e for e in stale if f"tmp/{e.name}" not in passed]
     _stamp_kept(shelf, {("tmp", e.name) for e in left if e.mtime > now}, now)
     out.abandoned = len(stale)
     out.freed += sum(e.size for e in stale)
     # What is left of what was listed: what grace spared, and records kept anew, included.
-    removed = sum(e.size for e in sweep) + sum(u.size for u in dropped["packs"])
-    removed += sum(u.size for u in dropped["answers"] if u.name in gone)
+    removed = sum(e.size for e in sweep)
+    removed += sum(
+        u.size for u in dropped["answers"] + dropped["packs"] if u.name in gone[u.section]
+    )
     out.kept = sum(e.size for e in blobs.values()) + sum(r.entry.size for r in read) - removed
     shelf._forget_all()
     return out
+
+
+@dataclass
+class _Dropped:
+    """What :func:`_drop_oldest` did."""
+
+    tried: dict[str, list[_Unit]]
+    """The units it dropped or tried to, by section."""
+    held: set[str]
+    """The blobs what is left refers to."""
+    gone: dict[str, set[str]]
+    """The names of the units it removed, by section."""
+    unremoved: dict[str, str]
+    """Those it may not remove (:meth:`Shelf._passed_over`)."""
+
+
+_DROP_AT_ONCE = 1000
+"""How many of the oldest units a gc removes in one go (a bulk delete of a bucket's): what
+a gc stopped part way has removed is among the oldest it would."""
+
+
+def _drop_oldest(
+    shelf: Shelf,
+    units: list[_Unit],
+    listed: dict[tuple[str, str], bytes],
+    max_bytes: float | None,
+    kept: int,
+    pinned: set[str],
+    blobs: dict[str, Entry],
+) -> _Dropped:
+    """Drops the least recently used of ``units`` (most recent first) until what is left
+    fits ``max_bytes``, ``kept`` bytes being kept besides (the blobs ``pinned`` and what
+    refers to them), oldest first. One the home may not remove, and goes past
+    (:meth:`Shelf._passed_over`), is kept: the next newer ones go in its stead, so the
+    budget is met where it can be."""
+    stuck: set[tuple[str, str]] = set()
+    tried: set[tuple[str, str]] = set()
+    gone: dict[str, set[str]] = {"answers": set(), "packs": set()}
+    unremoved: dict[str, str] = {}
+    while True:
+        dropping, held = _past_budget(units, max_bytes, kept, pinned, blobs, stuck)
+        fresh = [u for u in dropping if (u.section, u.name) not in tried]
+        if not fresh:
+            break
+        for start in range(0, len(fresh), _DROP_AT_ONCE):
+            batch = fresh[start : start + _DROP_AT_ONCE]
+            tried.update((u.section, u.name) for u in batch)
+            # A pack index is named by the hash of its bytes: the file listed is the file
+            # removed. A record is published again under its key when the answer is kept
+            # anew, so only a record still as it was read is dropped: one a writer kept
+            # again since is the writer's.
+            packs = [u.name for u in batch if u.section == "packs"]
+            shelf._remove("packs", packs)
+            answers = {u.name: listed["answers", u.name] for u in batch if u.section == "answers"}
+            gone["answers"] |= shelf._drop("answers", answers)
+            passed = shelf._passed_over()
+            unremoved.update(passed)
+            gone["packs"].update(name for name in packs if f"packs/{name}" not in passed)
+            stuck.update((u.section, u.name) for u in batch if f"{u.section}/{u.name}" in passed)
+    dropped: dict[str, list[_Unit]] = {"answers": [], "packs": []}
+    for unit in units:
+        if (unit.section, unit.name) in tried:
+            dropped[unit.section].append(unit)
+    return _Dropped(dropped, held, gone, unremoved)
+
+
+def _past_budget(
+    units: list[_Unit],
+    max_bytes: float | None,
+    kept: int,
+    pinned: set[str],
+    blobs: dict[str, Entry],
+    stuck: set[tuple[str, str]],
+) -> tuple[list[_Unit], set[str]]:
+    """Those of ``units`` (most recent first) that do not fit ``max_bytes`` beside ``kept``
+    bytes and the newer ones, oldest first, and the blobs of those that do; strictly by
+    recency, save that those ``stuck`` (which cannot be removed) are kept first."""
+    held = set(pinned)
+    ahead = [u for u in units if (u.section, u.name) in stuck]
+    dropping: list[_Unit] = []
+    for unit in ahead + [u for u in units if (u.section, u.name) not in stuck]:
+        cost = unit.size + (
+            blobs[unit.blob].size if unit.blob in blobs and unit.blob not in held else 0
+        )
+        over = max_bytes is not None and kept + cost > max_bytes
+        if over and not dropping and (unit.section, unit.name) not in stuck:
+            dropping.append(unit)  # everything older goes too
+            continue
+        if dropping:
+            dropping.append(unit)
+        else:
+            kept += cost
+            held.add(unit.blob)
+    dropping.reverse()
+    return dropping, held
 
 
 @dataclass(frozen=True)
