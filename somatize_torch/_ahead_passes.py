@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
-from somatize_torch._prefill import length_of
 from somatize_torch._row_ahead import _NAMED_AHEAD
 from somatize_torch.rows import CachedRows
 
@@ -218,7 +217,7 @@ class _InOrder(_Pass[T]):
     def __init__(self, ahead: Ahead[T], items: Iterator[T]) -> None:
         self.ahead = ahead
         self.items = items
-        self.count = length_of(ahead.loader)
+        self.count = ahead.batches()
         self.fetched = 0
         self.taken: collections.deque[T] = collections.deque(maxlen=ahead.depth + _HELD)
         self.done = False
@@ -280,8 +279,9 @@ class _Fetching(_Pass[T]):
         self.done = False  # the loader's iterator is exhausted
         # Never ahead past the loader's length: asking an exhausted DataLoader for one
         # more batch draws from its shuffling generator, so a loop that stops at the
-        # length (as Lightning's does) would see other shuffles in the epochs after.
-        self.count = length_of(ahead.loader)
+        # length (as Lightning's does) would see other shuffles in the epochs after. Nor
+        # past the batches the loop takes, where it stops before (`max_steps`).
+        self.count = ahead.batches()
         self.fetched = 0
         # The last batches the loop took (as many as are fetched ahead, and the one a loop
         # may still use, `_HELD`): until the loader is known not to refill their memory for

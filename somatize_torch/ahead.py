@@ -115,7 +115,13 @@ from somatize_torch._ahead_passes import (
     _Stamp,
     _tensors,
 )
-from somatize_torch._prefill import batch_for, check_callable, check_flag, check_loader
+from somatize_torch._prefill import (
+    batch_for,
+    check_callable,
+    check_flag,
+    check_loader,
+    length_of,
+)
 from somatize_torch.rows import CachedRows
 
 __all__ = ["Ahead", "ahead"]
@@ -135,6 +141,7 @@ _OWN = frozenset(
         "caches",
         "inputs",
         "depth",
+        "takes",
         "draws",
         "reuses",
         "_found",
@@ -167,6 +174,7 @@ class Ahead(Generic[T]):
         inputs: Callable[[T], torch.Tensor] | None = None,
         depth: int = 1,
         check_draws: bool = False,
+        takes: Callable[[], int | None] | None = None,
     ) -> None:
         if isinstance(loader, Ahead):
             raise TypeError("this loader is already fetched ahead; wrap the loader inside once")
@@ -185,6 +193,9 @@ class Ahead(Generic[T]):
         self.caches = list(caches)
         self.inputs = inputs
         self.depth = depth
+        # Asked as each pass starts: how many batches the loop will take from it, where it
+        # stops before the loader's end (Lightning's at `max_steps`); None: to the end.
+        self.takes = takes
         # What earlier passes over this loader showed, through this Ahead or another.
         self._found = _findings_of(loader)
         # Whether fetching draws random numbers in this process: None until a pass in
@@ -243,6 +254,18 @@ class Ahead(Generic[T]):
         if self.draws is None:
             return _InOrder(self, items)
         return _Fetching(self, items)
+
+    def batches(self) -> int | None:
+        """How many batches the pass starting now hands out at most: the loader's length,
+        or fewer where the loop says it takes fewer (``takes``). A batch past them is
+        never fetched ahead: the loop never asks for it, and reading it would cost a
+        load (and a Dataset's side effects) that the run without fetching ahead never has.
+        None where neither can say."""
+        length = length_of(self.loader)
+        taken = self.takes() if self.takes is not None else None
+        if taken is None:
+            return length
+        return max(0, taken) if length is None else min(length, max(0, taken))
 
     def _look_for_reuse(
         self, ahead_of: list[_Stamp], behind: list[_Stamp], item: T, taken: int

@@ -1946,6 +1946,40 @@ def test_a_fast_dev_run_of_0_is_a_real_run_and_prefills_whole(tmp_path: Path) ->
     assert len(epochs(callback, "prefill")) == 1
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"max_epochs": 5, "max_steps": 10},  # stops after 2 of the 3rd epoch's 4 batches
+        {"max_epochs": 9, "max_steps": 9, "accumulate_grad_batches": 3},  # after 3 of 4
+        {"max_epochs": 4, "limit_train_batches": 2},
+    ],
+)
+def test_fetching_ahead_reads_no_batch_past_the_last_one_the_fit_takes(
+    tmp_path: Path, options: dict[str, Any]
+) -> None:
+    """A fit that stops before the loader's end (``max_steps`` inside an epoch, counted in
+    optimizer steps, or ``limit_train_batches``) reads exactly the samples it reads without
+    the callback, fetched ahead all the same: not the batch after its last one (a costly
+    load, an encoder run of a Deferred dataset). The head trains as without the callback."""
+    fetched: dict[bool, int] = {}
+    heads: dict[bool, torch.Tensor] = {}
+    for cached in (False, True):
+        samples = Fetched()
+        callback = CacheFrozen(None, ["encoder"])
+        model = Probe()
+        settings = dict(options)
+        fit = trainer(
+            tmp_path, settings.pop("max_epochs"), callbacks=[callback] * cached, **settings
+        )
+        generator = torch.Generator().manual_seed(7)
+        fit.fit(model, torch.utils.data.DataLoader(samples, 16, shuffle=True, generator=generator))
+        fetched[cached], heads[cached] = samples.fetched, model.head.weight
+        if cached:
+            assert callback.cached["encoder"].used_ahead > 0
+    assert fetched[True] == fetched[False]
+    assert torch.equal(heads[True], heads[False])
+
+
 def test_prefill_makes_the_first_epoch_recall(tmp_path: Path) -> None:
     """prefill(loader) runs before the first epoch, so epoch 1 already recalls every row."""
     callback = CacheFrozen(tmp_path / "store", ["encoder"])
