@@ -45,6 +45,7 @@ __all__ = [
     "forward_context",
     "generators_kept",
     "run_prefill",
+    "runs_no_batch",
     "share",
 ]
 
@@ -96,6 +97,17 @@ def dev_run_batches(trainer: pl.Trainer) -> int | None:
     if not dev_run:
         return None
     return 1 if dev_run is True else int(dev_run)
+
+
+def runs_no_batch(trainer: pl.Trainer) -> bool:
+    """Whether the fit about to start trains on no batch at all (``max_epochs=0``,
+    ``max_steps=0``, ``limit_train_batches=0``): a prefill then computes rows no epoch
+    asks for, possibly hours of them, and is left to the next fit."""
+    return (
+        getattr(trainer, "max_epochs", None) == 0
+        or getattr(trainer, "max_steps", None) == 0
+        or getattr(trainer, "limit_train_batches", None) == 0
+    )
 
 
 def share(loader: Iterable[Any], rank: int, ranks: int) -> Iterator[Any]:

@@ -181,6 +181,7 @@ from somatize_torch._lightning_prefill import (
     forward_context,
     generators_kept,
     run_prefill,
+    runs_no_batch,
 )
 from somatize_torch._lightning_stats import (
     EpochStats,
@@ -506,8 +507,8 @@ class CacheFrozen(Callback):
         # head would train without it.
         froze = {id(p) for f in self._found.values() for p, was, _ in f.as_found.grads if was}
         refuse_tied(pl_module, list(self._found), CacheFrozenError, froze=froze)
-        if not self._prefills:
-            return
+        if not self._prefills or runs_no_batch(trainer):
+            return  # a fit training no batch leaves the prefill to the next fit
         self._key_as("prefill")  # an earlier stage (validate, test) may have keyed its own
         # What the prefill draws (a DataLoader's seed, a Dataset's augmentation) is not the
         # fit's: the fit draws what it would without the callback.

@@ -1947,6 +1947,21 @@ def test_a_fast_dev_run_of_0_is_a_real_run_and_prefills_whole(tmp_path: Path) ->
 
 
 @pytest.mark.parametrize(
+    "options", [{"max_epochs": 0}, {"max_steps": 0}, {"limit_train_batches": 0}]
+)
+def test_a_fit_training_no_batch_prefills_nothing(tmp_path: Path, options: dict[str, Any]) -> None:
+    """A fit that trains on no batch (no epoch, no step, no training batch) asks the encoder
+    for no row: its prefill loads no sample and computes nothing, and is left to the next
+    fit, which runs it whole."""
+    prefilled, callback, model = _fit_prefilling(tmp_path, **options)
+    assert prefilled.fetched == 0
+    assert epochs(callback, "prefill") == []
+    trainer(tmp_path, 1, callbacks=[callback]).fit(model, loader(shuffle=False))
+    (warm,) = epochs(callback, "prefill")
+    assert warm.rows.computed == prefilled.fetched == SAMPLES
+
+
+@pytest.mark.parametrize(
     "options",
     [
         {"max_epochs": 5, "max_steps": 10},  # stops after 2 of the 3rd epoch's 4 batches
