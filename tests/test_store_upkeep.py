@@ -1737,6 +1737,16 @@ def test_a_keep_of_a_blob_its_gc_is_removing_waits_and_writes_it_afresh(
     assert bytes(fresh.recall(key_of(1))[1]) == content
 
 
+def _hot_and_cold(reader: LocalStore) -> tuple[Answer, Answer]:
+    """Two answers of 1,000 bytes kept in ``reader``: one an hour ago (hot, the one its
+    reader goes on to use), one a minute ago (cold)."""
+    hot = reader.keep(key_of(1), b"h" * 1000, "plain")
+    cold = reader.keep(key_of(2), b"c" * 1000, "plain")
+    for path, age in ((reader.answer_path(key_of(1)), 3600), (reader.answer_path(key_of(2)), 60)):
+        os.utime(path, (time.time() - age,) * 2)
+    return hot, cold
+
+
 def test_a_long_running_reader_writes_down_what_it_uses_for_a_gc_elsewhere(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1747,10 +1757,7 @@ def test_a_long_running_reader_writes_down_what_it_uses_for_a_gc_elsewhere(
     monkeypatch.setattr("somatize.store._packed.FLUSH_EVERY", 0.0, raising=False)
     root = tmp_path / "store"
     reader = LocalStore(root)
-    hot = reader.keep(key_of(1), b"h" * 1000, "plain")
-    cold = reader.keep(key_of(2), b"c" * 1000, "plain")
-    for path, age in ((reader.answer_path(key_of(1)), 3600), (reader.answer_path(key_of(2)), 60)):
-        os.utime(path, (time.time() - age,) * 2)  # hot kept an hour ago, cold a minute ago
+    hot, cold = _hot_and_cold(reader)
     for _ in range(3):
         assert bytes(reader.recall(key_of(1))[1]) == b"h" * 1000
     done = LocalStore(root).gc(max_bytes=1500, grace=60)  # room for one answer
@@ -1758,6 +1765,31 @@ def test_a_long_running_reader_writes_down_what_it_uses_for_a_gc_elsewhere(
     fresh = LocalStore(root)
     assert fresh.have([hot.key, cold.key]) == {hot.key}
     assert bytes(fresh.recall(hot.key)[1]) == b"h" * 1000
+
+
+def test_a_reader_whose_clock_is_set_back_still_writes_down_its_uses_each_minute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process whose clock ran an hour ahead until NTP set it back, and that recalls a
+    few answers over and over, still writes down when it used them a minute on: the
+    minute is measured on a clock no one sets. Else it waited for its clock to pass the
+    time it noted its first use at, an hour, and a gc elsewhere took the answer it used
+    all along for the least recently used."""
+    root = tmp_path / "store"
+    reader = LocalStore(root)
+    hot, cold = _hot_and_cold(reader)
+    real_time, real_monotonic = time.time, time.monotonic
+    clock = {"wall": 3600.0, "since_boot": 0.0}  # the wall clock an hour ahead
+    monkeypatch.setattr(time, "time", lambda: real_time() + clock["wall"])
+    monkeypatch.setattr(time, "monotonic", lambda: real_monotonic() + clock["since_boot"])
+    assert bytes(reader.recall(hot.key)[1]) == b"h" * 1000  # its first use noted
+    clock.update(wall=0.0, since_boot=120.0)  # set back to the right time; two minutes on
+    assert bytes(reader.recall(hot.key)[1]) == b"h" * 1000
+    monkeypatch.undo()
+    done = LocalStore(root).gc(max_bytes=1500, grace=60)  # room for one answer
+    assert done.answers == 1
+    fresh = LocalStore(root)
+    assert fresh.have([hot.key, cold.key]) == {hot.key}
 
 
 @pytest.mark.parametrize("keeps", ["keep", "keep_many"])

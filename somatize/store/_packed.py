@@ -586,8 +586,9 @@ class PackedHome(Spills, Store):
     def _in_flight_nothing(self) -> None:
         """Starts with a lock of its own, and no writes or removals in flight."""
         self._uses_since: float | None = None
-        """When the first use not yet written down was noted (None: none is); None afresh in
-        a copy or a forked child, whose first use is then handed to its exit."""
+        """When the first use not yet written down was noted, on the monotonic clock (None:
+        none is); None afresh in a copy or a forked child, whose first use is then handed to
+        its exit."""
         self._lock = threading.RLock()
         """Guards the tables that follow against threads sharing the store: taken for every
         change and every walk over them, never across a read or write of a file. (When
@@ -1175,7 +1176,7 @@ class PackedHome(Spills, Store):
                 if isinstance(why, Corrupt):
                     self._blob_damaged(pack)
             raise
-        self._write_down_uses(now)
+        self._write_down_uses()
         return answer, data
 
     def recall_many(
@@ -1231,7 +1232,7 @@ class PackedHome(Spills, Store):
                 out[key] = recalled(self, key)
             except StoreError as why:
                 out[key] = why
-        self._write_down_uses(now)
+        self._write_down_uses()
         return out
 
     def _kept_anew(
@@ -1254,9 +1255,12 @@ class PackedHome(Spills, Store):
                 again.append(key)
         return again
 
-    def _write_down_uses(self, now: float) -> None:
+    def _write_down_uses(self) -> None:
         """Writes down when answers were used once :data:`FLUSH_USES` of them are noted,
-        or once the first of them was noted :data:`FLUSH_EVERY` seconds before ``now``."""
+        or once the first of them was noted :data:`FLUSH_EVERY` seconds ago."""
+        # Measured on a clock no one sets: a wall clock set back (NTP correcting one that
+        # ran ahead) would hold the uses back until it passed the first one's time again.
+        now = time.monotonic()
         since = self._uses_since
         if since is None:
             self._uses_since = since = now
