@@ -411,6 +411,55 @@ def test_a_wrapper_a_decorator_of_its_package_makes_is_read_by_its_own_code(
     assert [a != b for a, b in zip(now, first, strict=True)] == [True, True]
 
 
+_CLOSES_OVER_A_CLASS = {
+    "boxes": """
+class Box:
+    k = 2
+
+def scaled_by(kind):
+    def scale(x):
+        return x * kind.k
+    return scale
+
+SCALE = scaled_by(Box)
+
+def registered(kind):
+    def made():
+        return kind()
+    kind.make = staticmethod(made)
+    return kind
+""",
+    "nodes": """
+from somatize import Node
+
+from . import boxes
+
+class Scaled(Node):
+    def forward(self, x, ctx):
+        return boxes.SCALE(x)
+
+@boxes.registered
+class Remade(Node):
+    def forward(self, x, ctx):
+        return type(self).make()
+""",
+}
+
+
+def test_a_class_a_helper_closes_over_is_named_by_how_it_is_written(tmp_path: Path) -> None:
+    """A class a helper of a node's package closes over (one a factory is handed) is named
+    by how it is written, as a class a class holds is: the class edited is another
+    fingerprint in a new process, never the answer of the code before recalled as its own.
+    A class whose own method closes over it is named so too, once."""
+    _package(tmp_path, "boxing", **_CLOSES_OVER_A_CLASS)
+    kinds = ("Scaled", "Remade")
+    first = _fingerprints_in(tmp_path, "boxing.nodes", *kinds)
+    assert _fingerprints_in(tmp_path, "boxing.nodes", *kinds) == first
+    _write(tmp_path / "boxing" / "boxes.py", _CLOSES_OVER_A_CLASS["boxes"].replace("= 2", "= 3"))
+    now = _fingerprints_in(tmp_path, "boxing.nodes", *kinds)
+    assert [a != b for a, b in zip(now, first, strict=True)] == [True, False]
+
+
 _SHARED_DECORATORS = """
 import functools
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
 import weakref
 from types import (
     BuiltinFunctionType,
@@ -158,7 +159,10 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
         # otherwise by each Python version, and is no code of the node's: named by its name.
         return b"standard " + qualified(function).encode()
     made_of = _made_of(function)
-    found = _FUNCTIONS.get(function)
+    # one named inside a class a function closes over names that class by its name alone
+    # (:func:`_closed_class_bytes`): neither taken from nor kept for a call from outside
+    outside = not _writing()
+    found = _FUNCTIONS.get(function) if outside else None
     if found is not None and found[0] == made_of:
         return found[1]
     source = _source_of(function)
@@ -181,7 +185,8 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
             ),
         )
     written = digest.digest()
-    _FUNCTIONS[function] = (made_of, written)
+    if outside:
+        _FUNCTIONS[function] = (made_of, written)
     return written
 
 
@@ -371,12 +376,43 @@ def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
     if isinstance(value, type) and name == "__class__":  # the class the code is written in
         return f"class {qualified(value)}".encode()
     if isinstance(value, type) and identity_of(value) is not None:
-        return f"class {identity_of(value)}".encode()
+        return _closed_class_bytes(value)
     if isinstance(value, ModuleType):
         return f"module {value.__name__}".encode()
     if isinstance(value, BuiltinFunctionType) and (builtin := _builtin_bytes(value)):
         return builtin
     return _held_bytes(value) or _contained_bytes(value) or _token_of(value)
+
+
+_WRITING = threading.local()
+"""The classes a function closes over whose code this thread is naming
+(:func:`_closed_class_bytes`)."""
+
+
+def _writing() -> set[int]:
+    """The ids of the classes this thread is naming by their code, as a function closes
+    over them."""
+    found: set[int] = _WRITING.__dict__.setdefault("classes", set())
+    return found
+
+
+def _closed_class_bytes(kind: type) -> bytes:
+    """A class a function closes over (one a factory is handed: ``scaled_by(Box)``): one of
+    the library's by its name, any other by its name and how it is written, as a class a
+    class holds is — so that the class edited is other code. One met again while its code
+    is named (a class whose own method closes over it) is named by its name there."""
+    name = f"class {identity_of(kind)}".encode()
+    writing = _writing()
+    if _left_out(kind) or id(kind) in writing:
+        return name
+    # imported here: naming a class's code names its functions, by this module
+    from somatize.catalog._names import _helper_class_bytes
+
+    writing.add(id(kind))
+    try:
+        return name + b"\0" + _helper_class_bytes(kind)
+    finally:
+        writing.discard(id(kind))
 
 
 def _value_bytes(value: Any) -> bytes:
