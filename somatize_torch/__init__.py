@@ -26,6 +26,7 @@ except ImportError as why:
         "`pip install 'somatize[torch]'`"
     ) from None
 
+from somatize_torch._steps import see_optimizer_steps
 from somatize_torch.ahead import Ahead, ahead
 from somatize_torch.codec import TENSOR, LandedOnHost, TensorCodec, register
 from somatize_torch.deferred import Deferred, DeferredRows, NotLoadable
@@ -66,6 +67,8 @@ from somatize_torch.wrap import (
 from somatize_torch.writer import WriteFailed
 
 register()
+# A fused optimizer's step moves no version counter, which every watch of weights reads.
+see_optimizer_steps()
 
 __all__ = [
     "TENSOR",

@@ -382,9 +382,10 @@ class StateWatch:
     once it was let go and given to another tensor. Once :meth:`unfrozen` found a
     parameter requiring grad, the watch says changed until it is made anew: what trained
     the module meanwhile may have bypassed every counter. A write that bypasses the
-    version counter while no gradient is left behind — into ``p.data``, or a fused
-    optimizer whose gradients were dropped after its step — is not seen here; only
-    digesting the state again sees it. Each module of ``read`` is watched as a part of
+    version counter while no gradient is left behind — into ``p.data`` outside an
+    optimizer's step — is not seen here; only digesting the state again sees it. (An
+    optimizer's step moves the counters of the weights it stepped, a fused one's too:
+    :mod:`somatize_torch._steps`.) Each module of ``read`` is watched as a part of
     the module is, and what leads to it (:meth:`Reads.moved`: ``NORM = nn.LayerNorm(3)``
     run again holds another, ``NORMS[0] = other``)."""
 

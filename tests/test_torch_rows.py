@@ -1464,6 +1464,61 @@ def test_an_unfrozen_module_is_refused_not_silently_untrained(store: Store) -> N
     cached.close()
 
 
+class StepsThroughData(torch.optim.Optimizer):
+    """An optimizer of one's own that writes through ``p.data``, moving no version counter."""
+
+    def __init__(self, params: Iterable[nn.Parameter], lr: float) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.data.add_(p.grad, alpha=-group["lr"])
+
+
+def _compiled_step(params: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """A fused AdamW whose step runs under ``torch.compile``."""
+    optimizer = torch.optim.AdamW(params, lr=0.5, fused=True)
+    optimizer.step = torch.compile(optimizer.step)  # type: ignore[method-assign]
+    return optimizer
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        lambda params: torch.optim.AdamW(params, lr=0.5, fused=True),
+        lambda params: torch.optim.SGD(params, lr=0.5, fused=True),
+        lambda params: StepsThroughData(params, lr=0.5),
+        _compiled_step,
+    ],
+    ids=["adamw-fused", "sgd-fused", "through-data", "adamw-fused-compiled"],
+)
+def test_a_module_fine_tuned_by_an_optimizer_moving_no_version_is_computed_anew(
+    store: Store, optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+) -> None:
+    """A cached module released, fine-tuned by an optimizer whose step moves no version
+    counter (a fused one, one writing through ``p.data``), its gradients dropped after
+    each step, and frozen again: its rows of the old weights were recalled. They are
+    computed anew with the weights it trained to."""
+    module = encoder()
+    cached = cache_rows(module, store)
+    x = images(4)
+    before = cached(x).clone()
+    release(module, False)  # in eval: its BatchNorm statistics stay as they are
+    module.requires_grad_(True)
+    stepping = optimizer(module.parameters())
+    for _ in range(2):
+        module(images(4, seed=2)).sum().backward()
+        stepping.step()
+        stepping.zero_grad()
+    module.requires_grad_(False)
+    after = cached(x)
+    assert torch.equal(after, expected(module, x))
+    assert not torch.allclose(after, before)
+    cached.close()
+
+
 @pytest.mark.parametrize("handed", ["leaves", "computed"])
 def test_weights_that_require_grad_handed_by_functional_call_are_refused_and_left_alone(
     store: Store, handed: str

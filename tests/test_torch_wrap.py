@@ -526,6 +526,40 @@ def test_a_released_encoder_not_cached_trained_and_frozen_again_is_held(
     assert torch.allclose(encoder.norm.running_mean, plain.encoder.norm.running_mean)
 
 
+@pytest.mark.parametrize(("frozen", "cached"), [(["encoder"], ["encoder"]), (["encoder"], [])])
+def test_an_encoder_fine_tuned_by_a_fused_optimizer_answers_with_its_new_weights(
+    store: Store, frozen: list[str], cached: list[str]
+) -> None:
+    """A frozen encoder released and fine-tuned by a fused optimizer (which moves no
+    version counter), its gradients dropped after each step (``zero_grad()`` after
+    ``step()``), then given its gradients off: the next forward recalled the answer of
+    the weights it was frozen at, or, not cached, ran it released in train mode. It runs
+    with the weights it trained to, held in eval again."""
+    model = _model()
+    wrapped = smt.wrap(model, frozen=frozen, cached=cached, store=store)
+    smt.freeze(wrapped)
+    encoder = wrapped.encoder
+    x = torch.randn(4, 6)
+    with torch.no_grad():
+        before = wrapped(x)
+    smt.release(encoder, False)  # in eval: its BatchNorm statistics stay as they are
+    encoder.requires_grad_(True)
+    optimizer = torch.optim.AdamW(encoder.parameters(), lr=0.5, fused=True)
+    for _ in range(2):
+        encoder(torch.randn(4, 6)).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    encoder.requires_grad_(False)
+    with torch.no_grad():
+        after = wrapped(x)
+    assert smt.is_held(encoder) and not any(part.training for part in encoder.modules())
+    with torch.no_grad():
+        assert torch.equal(after, model.eval()(x))
+    assert not torch.allclose(after, before)
+    if cached:
+        assert wrapped.counts["encoder"] == {"ran": 2, "kept": 2}
+
+
 def test_a_released_encoder_not_cached_called_with_gradients_is_frozen_again(
     store: Store,
 ) -> None:
