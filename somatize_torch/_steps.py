@@ -36,8 +36,26 @@ def _count_step(optimizer: torch.optim.Optimizer) -> None:
         for p in group["params"]
         if p.grad is not None and not p.is_inference()
     ]
-    if stepped:
+    if not stepped:
+        return
+    if _TAKES_A_LIST:
         torch.autograd.graph.increment_version(stepped)
+    else:
+        for parameter in stepped:
+            torch.autograd.graph.increment_version(parameter)
+
+
+def _takes_a_list() -> bool:
+    """Whether this torch's ``increment_version`` moves a list of tensors' counters in one
+    call (torch 2.4 takes one tensor a call)."""
+    try:
+        torch.autograd.graph.increment_version([torch.empty(0)])
+    except (TypeError, RuntimeError):  # torch 2.4 raises RuntimeError
+        return False
+    return True
+
+
+_TAKES_A_LIST = _takes_a_list()
 
 
 # In a compiled step (`torch.compile` of `optimizer.step`) the counters would not move
