@@ -15,8 +15,9 @@ removes aside in ``tmp/aside/`` first (on the server: no bytes travel), reads th
 pack indexes and names again once the blobs are deleted, puts back each blob one published
 meanwhile refers to, and only then removes the copies; the writer looks for such a blob
 again once its record is published (:meth:`BucketStore._published`). A gc stopped between
-its delete and its put-back leaves the copies: the next gc puts back each whose blob is
-missing, and removes them a day later.
+its delete and its put-back leaves the copies: the next gc, once it has read the store,
+puts back each missing blob something refers to and removes its copies; the others go a
+day later.
 
 On S3 a gc also aborts the uploads of its blobs left incomplete (an upload whose own
 abort could not reach the server), once nothing was added to one for a day.
@@ -162,25 +163,27 @@ class BucketShelf(BucketRequests):
         # Refused, too, before a blob is put back from tmp/aside/: a prefix that bears no
         # store's marker may be a user's folder, left as it is.
         self._refuse_unmarked("collect")
-        left, left_bytes = self._put_back_left_aside()
         done = super().gc(max_bytes, grace=grace, progress=progress)
         aborted, freed = self._abort_uploads(max(grace, _UPLOADS_GRACE))
-        done.abandoned += aborted + left
-        done.freed += freed + left_bytes
+        done.abandoned += aborted
+        done.freed += freed
         return done
 
-    def _put_back_left_aside(self) -> tuple[int, int]:
-        """Puts back each blob a gc stopped between its delete and its put-back (killed,
-        or failing) removed and left a copy of in ``tmp/aside/``, where the blob is missing:
-        a record published meanwhile may refer to it (one nothing refers to goes again, at
-        a gc after the grace). A copy is put back only when its bytes hash to the digest it
-        is named after (:meth:`_put_back_copy`). Credentials that may not write put none
-        back. Removes such copies older than :data:`_ASIDE_GRACE`; how many, and their
-        bytes."""
+    def _put_back_left(self, referred: set[str] | None) -> tuple[int, int]:
+        """Puts back each blob ``referred`` to (None: any may be) that a gc stopped between
+        its delete and its put-back (killed, or failing) removed and left a copy of in
+        ``tmp/aside/``: a record published meanwhile refers to it. One nothing refers to
+        stays removed (a writer that refers to it later finds it gone and writes it again),
+        where it was put back at every other gc for a day. A copy is put back only when its
+        bytes hash to the digest it is named after (:meth:`_put_back_copy`); credentials
+        that may not write put none back. Removes the copies of each blob put back, no
+        longer needed, and those older than :data:`_ASIDE_GRACE` (until then the others may
+        be a running gc's); how many, and the bytes of those not put back."""
         removed: list[str] = []
         freed = 0
         now = time.time()
         writable = True
+        back: set[str] = set()
         base = f"{self.root}/tmp/{_ASIDE}/".lstrip("/")
         for path, info in sorted(self._list(f"tmp/{_ASIDE}").items()):
             name = path.lstrip("/")[len(base) :]
@@ -188,36 +191,50 @@ class BucketShelf(BucketRequests):
             if found is None:
                 continue  # none of a gc's: a user's, or another store's under this prefix
             digest = f"blake3:{found.group(1)}"
-            blob = self._blob_path(digest)
-            self.fs.invalidate_cache(blob)
-            if writable and not self._call(f"looking for blob {digest}", self.fs.exists, blob):
-                writable = self._put_back_copy(path, blob, digest)
-            if now - _mtime(info) > _ASIDE_GRACE:
+            if writable and digest not in back and (referred is None or digest in referred):
+                put = self._put_back_missing(path, digest)
+                writable = put is not None
+                if put:
+                    back.add(digest)
+            if digest in back:
+                removed.append(self._path("tmp", f"{_ASIDE}/{name}"))
+            elif now - _mtime(info) > _ASIDE_GRACE:
                 removed.append(self._path("tmp", f"{_ASIDE}/{name}"))
                 freed += int(info.get("size") or 0)
         self._rm(f"removing blobs set aside in tmp/{_ASIDE}/", removed)
         return len(removed), freed
 
-    def _put_back_copy(self, copy: str, blob: str, digest: str) -> bool:
+    def _put_back_missing(self, copy: str, digest: str) -> bool | None:
+        """Puts blob ``digest`` back from ``copy`` where the bucket lacks it; whether it
+        did. A blob there is left, and its copies with it: one may be the copy of a gc
+        still running, about to delete the blob and put it back. None when these
+        credentials may not write."""
+        blob = self._blob_path(digest)
+        self.fs.invalidate_cache(blob)
+        if self._call(f"looking for blob {digest}", self.fs.exists, blob):
+            return False
+        return self._put_back_copy(copy, blob, digest)
+
+    def _put_back_copy(self, copy: str, blob: str, digest: str) -> bool | None:
         """Writes blob ``digest`` at ``blob`` from the bytes of ``copy``, left in
-        ``tmp/aside/``, when they hash to the digest: what is written is what was hashed.
-        One that does not (cut short, or written there by another than a gc) is not the
-        blob's and is left, to go at the grace with the rest. False when these credentials
-        may not write (said at debug level): a gc that may delete but not write collects
-        as it did before it made copies."""
+        ``tmp/aside/``, when they hash to the digest (what is written is what was hashed);
+        whether it did. One that does not (cut short, or written there by another than a
+        gc) is not the blob's and is left, to go at the grace with the rest. None when these
+        credentials may not write (said at debug level): a gc that may delete but not write
+        collects as it did before it made copies."""
         data = self._read(copy, f"blob {digest} set aside in tmp/{_ASIDE}/", large=True)
         if data is None:
-            return True  # removed meanwhile, by the gc that made it or another
+            return False  # removed meanwhile, by the gc that made it or another
         if hash_bytes(data) != digest:
             _log.debug("%s: %s does not hash to %s: not put back", self._where, copy, digest)
-            return True
+            return False
         try:
             self._write(blob, [data])
         except StoreError as why:
             if not isinstance(why.__cause__, PermissionError):
                 raise
             _log.debug("%s: blobs set aside cannot be put back (%s)", self._where, why)
-            return False
+            return None
         return True
 
     def _sweep(self, entries: list[Entry], referred: Callable[[], set[str] | None]) -> list[Entry]:

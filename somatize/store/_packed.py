@@ -781,6 +781,13 @@ class PackedHome(Spills, Store):
         self._remove("blobs", [entry.name for entry in entries])
         return entries
 
+    def _put_back_left(self, referred: set[str] | None) -> tuple[int, int]:
+        """Puts back each blob ``referred`` to (None: any may be) that a gc stopped midway
+        removed and left a copy of, once the gc has read the store; removes the copies no
+        longer needed: how many, and their bytes. A home whose gc leaves no copies (a
+        local store puts each blob back as it goes) has none."""
+        return 0, 0
+
     @abc.abstractmethod
     def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]:
         """Removes each file of ``section`` named in ``listed`` that still holds the bytes

@@ -163,6 +163,8 @@ class Shelf(Protocol):
         self, entries: list[Entry], referred: Callable[[], set[str] | None]
     ) -> list[Entry]: ...
 
+    def _put_back_left(self, referred: set[str] | None) -> tuple[int, int]: ...
+
     def _drop(self, section: str, listed: dict[str, bytes]) -> set[str]: ...
 
     def _quarantine(self, section: str, name: str, was: bytes | None = None) -> bool | None: ...
@@ -651,6 +653,9 @@ def _collect(
             grace,
         )
     looping = dict(shelf._names_looping)  # as the last look at names/ found them
+    # What a gc stopped midway left aside goes back where what was read refers to it (a
+    # name that cannot be read, or a link not walked, may refer to any).
+    put_back, put_back_bytes = shelf._put_back_left(None if unread or looping else held)
     if unread or looping:
         # A name that cannot be read may point at any blob nothing else refers to: none is
         # removed while it is there (a file in blobs/ laid out as no blob is none it names),
@@ -680,8 +685,8 @@ def _collect(
     out.unremoved.update(passed)
     stale = [e for e in stale if f"tmp/{e.name}" not in passed]
     _stamp_kept(shelf, {("tmp", e.name) for e in left if e.mtime > now}, now)
-    out.abandoned = len(stale)
-    out.freed += sum(e.size for e in stale)
+    out.abandoned = len(stale) + put_back
+    out.freed += sum(e.size for e in stale) + put_back_bytes
     # What is left of what was listed: what grace spared, and records kept anew, included.
     removed = sum(e.size for e in sweep)
     removed += sum(
