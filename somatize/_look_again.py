@@ -161,15 +161,19 @@ def _looked_at_settled(graph: Graph) -> None:
     """Takes back the state of each node settled by its ``settled_state()`` whose watch
     (:func:`~somatize.node.watches_settled`) finds what it holds changed since, and whose
     ``settled_state()``, asked once, says another digest than it was settled at: it is
-    refused where its key is needed, saying what changed, until it is settled again. One
-    that says the same digest (its weights moved to another device and back, given a
-    gradient, loaded with the values they held) is watched afresh and goes on. A forward
-    that finds no change asks no node anything."""
+    refused where its key is needed, saying what changed, until it is settled again or
+    holds the settled state again (:func:`_looked_at_refused`). One that says the same
+    digest (its weights moved to another device and back, given a gradient, loaded with
+    the values they held) is watched afresh and goes on. A forward that finds no change
+    asks no node anything."""
     changed = graph._changed_since_settled
     memory = graph.memory
     for name, watch in list(graph._settled_watches.items()):
+        if name in changed:
+            _looked_at_refused(graph, name, watch)
+            continue
         settled = memory.state_of(name)
-        if name in changed or settled is None:
+        if settled is None:
             continue
         what = watch()
         if what is None:
@@ -178,6 +182,24 @@ def _looked_at_settled(graph: Graph) -> None:
         if refused is not None:
             changed[name] = f"{what}, and {refused}"
             memory.unsettle(name)
+            graph._refused_settled[name] = (settled, settled_watch(graph.node(name)))
+
+
+def _looked_at_refused(graph: Graph, name: str, watch: Callable[[], str | None]) -> None:
+    """Settles the node ``name``, refused since what it holds changed, at the state it was
+    settled at again where it holds that state again (weights loaded back from the settled
+    state): the same values give the same answers. It is asked only once the watch taken
+    when it was last found changed finds it touched since, so that a refused node left as
+    it is costs no digest at each forward; still changed, it is watched afresh from here."""
+    settled, since = graph._refused_settled.get(name, (None, None))
+    if settled is None or since is None or since() is None:
+        return
+    fresh = settled_watch(graph.node(name))
+    if _holds_settled(graph.node(name), settled, watch, fresh) is None:
+        graph.memory.freeze(name, settled)
+        graph.watch_settled(name, fresh)
+    else:
+        graph._refused_settled[name] = (settled, fresh)
 
 
 def _settled_elsewhere(
@@ -188,15 +210,31 @@ def _settled_elsewhere(
     still says that digest and the watch finds the values it holds equal, and then it is
     watched afresh from here, so that the node is asked once per change and never at a
     forward that finds none."""
-    node = graph.node(name)
     weighed_again = getattr(watch, "weighed_again", None)
     # Only gradients touched (one written at every step): the values alone tell, and a
     # node asked at each forward would digest its weights at each.
     equal = None if weighed_again is None else weighed_again()
     if equal is not None:
         return None if equal else f"{_OTHER_VALUES}, stepped by what moves no version counter"
+    node = graph.node(name)
     # Taken first, as settle takes it: a change made while the state is worked out is seen.
     fresh = settled_watch(node)
+    refused = _holds_settled(node, settled, watch, fresh)
+    if refused is None:
+        graph.watch_settled(name, fresh)
+    return refused
+
+
+def _holds_settled(
+    node: Node,
+    settled: str,
+    watch: Callable[[], str | None],
+    fresh: Callable[[], str | None] | None,
+) -> str | None:
+    """Why ``node`` does not hold the state ``settled`` it was settled at (``watch`` taken
+    then), in words, as ``fresh``, taken just before, finds it; None when it does: its
+    ``settled_state()`` says that digest, and the values it holds are those ``watch``
+    was taken with."""
     try:
         now = node.settled_state()  # type: ignore[attr-defined]
     except Exception as why:  # the node's own code: said in the refusal, never raised here
@@ -212,7 +250,6 @@ def _settled_elsewhere(
         return (
             f"{_OTHER_VALUES}, which its `settled_state()`, saying the same digest, does not hear"
         )
-    graph.watch_settled(name, fresh)
     return None
 
 

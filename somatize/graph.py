@@ -121,7 +121,12 @@ class Graph:
         at every forward, since the node's own method is heard only when settling."""
         self._changed_since_settled: dict[str, str] = {}
         """Such nodes a watch found changed, with what changed, in words: refused where they
-        are keyed until they are settled again (plan.look_again)."""
+        are keyed until they are settled again, or hold the state settled again
+        (plan.look_again)."""
+        self._refused_settled: dict[str, tuple[str, Callable[[], str | None] | None]] = {}
+        """Each node of :attr:`_changed_since_settled`, with the digest it was settled at
+        and a watch of what it holds taken when it was last found changed: once that watch
+        finds it touched, it is asked whether it holds the settled state again."""
         self._kept: dict[str, tuple[Node, list[tuple[str, Any]]]] = {}
         """Nodes keeping constructor arguments as attributes, by name, with what they were
         handed (see :meth:`~somatize.node.Node.kept_arguments`); an interned node's other
@@ -200,6 +205,7 @@ class Graph:
         # A graph pickled before nodes settled by their `settled_state()` were watched.
         state.setdefault("_settled_watches", {})
         state.setdefault("_changed_since_settled", {})
+        state.setdefault("_refused_settled", {})
         vars(self).update(state)
         self._looking = ProcessLock()
         for node in (
@@ -504,6 +510,7 @@ class Graph:
         """Watches what ``name`` holds with ``watch`` (taken as it was settled), from its
         next forward on; None: nothing it holds is watched."""
         self._changed_since_settled.pop(name, None)
+        self._refused_settled.pop(name, None)
         if watch is None:
             self._settled_watches.pop(name, None)
         else:

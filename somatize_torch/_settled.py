@@ -11,7 +11,8 @@ and says what changed. The watch is cheap and fires on what leaves the state equ
 module moved to another device and back, a gradient, the same values loaded), so the graph
 then asks the node's own ``settled_state()`` once: the digest it was settled at, and the
 node is watched afresh; another, and the graph takes the settled state back and refuses
-the node until it is settled again.
+the node until it is settled again, or until, touched again, it holds the settled values
+once more (loaded back), when it goes on.
 """
 
 from __future__ import annotations

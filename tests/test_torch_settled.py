@@ -132,19 +132,58 @@ def test_weights_changed_since_settle_are_refused_until_settled_again(
     assert torch.equal(g.forward(other, store=store), _truth(g, other))
 
 
-def test_weights_put_back_are_still_refused_and_never_poison_the_old_key(store: Store) -> None:
-    """A miss after a change used to keep the answer of the new weights under the key of the
-    settled ones, and settling again at the weights put back recalled it. Refused, nothing
-    is kept; the old key holds only what the settled weights compute."""
+_ASKED: list[str] = []
+"""The names of the nodes :class:`PredictAsked` was asked its state as, one a time."""
+
+
+class PredictAsked(Predict):
+    """The same, noting each time it is asked its state."""
+
+    def settled_state(self) -> str:
+        _ASKED.append(type(self).__name__)
+        return super().settled_state()
+
+
+def test_weights_put_back_go_on_and_never_poison_the_old_key(store: Store) -> None:
+    """Weights changed since ``settle(g)`` and then loaded back from the settled state go on
+    (the same values give the same answers): the node recalls what the settled weights
+    computed, and changed again it is refused again. Refused, it is not asked its state at
+    a forward that finds nothing touched, and nothing is kept under the settled key. They
+    stayed refused until ``settle(g)``."""
+    node = PredictAsked().identified("tests.test_torch_settled:PredictAsked")
+    g = _graph(node)
+    span = {"at": 3, "take": 2}
+    kept = g.forward(span, store=store)
+    settled = copy.deepcopy(node.encoder.state_dict())
+    _add_in_place(node)
+    _ASKED.clear()
+    for _ in range(2):
+        with pytest.raises(NotSettled):
+            g.forward(span, store=store)
+    assert len(_ASKED) == 1  # asked once, at the change
+    node.encoder.load_state_dict(settled)
+    assert torch.equal(g.forward(span, store=store), kept)
+    assert g.record is not None and g.record.outcome["predict"] == "recalled"
+    assert torch.equal(kept, _truth(g, span))
+    _load_state_dict(node)
+    with pytest.raises(NotSettled, match=r"`self\.encoder`, an nn\.Module, changed"):
+        g.forward(span, store=store)
+
+
+def test_weights_put_back_to_other_values_stay_refused(store: Store) -> None:
+    """Weights changed since ``settle(g)`` and changed again to values that are not the
+    settled ones bit for bit (a step taken back in float arithmetic) stay refused; once
+    settled, the node computes with the weights it holds."""
     node = Predict()
     g = _graph(node)
     span = {"at": 3, "take": 2}
-    _add_in_place(node)
+    with torch.no_grad():
+        node.encoder.weight.add_(1e8)
     with pytest.raises(NotSettled):
         g.forward(span, store=store)
     with torch.no_grad():
-        node.encoder.weight.sub_(1.0)
-    with pytest.raises(NotSettled):  # the versions moved: settled again, it is followed
+        node.encoder.weight.sub_(1e8)  # rounded: not the values settled
+    with pytest.raises(NotSettled):
         g.forward(span, store=store)
     settle(g)
     assert torch.equal(g.forward(span, store=store), _truth(g, span))
