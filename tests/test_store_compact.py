@@ -3,6 +3,7 @@ only once that is safe: every row is recalled, and never a wrong one, whenever i
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -260,6 +261,30 @@ def test_a_signed_store_is_not_compacted_without_its_key(tmp_path: Path) -> None
     with pytest.raises(KeyMismatch, match="Compact with the store's key"):
         LocalStore(tmp_path).compact(grace=0)
     assert _packs(tmp_path) == before
+
+
+def test_a_pack_compaction_may_not_remove_is_said_not_counted_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replaced pack index compaction may not remove (in another user's folder) stops it
+    with a StoreError naming the file, as the command line's exit status 2 says; it is not
+    counted removed, nor handed to a later gc as one gc could not remove."""
+    store = LocalStore(tmp_path)
+    _kept_in_batches(store)
+    held = sorted(_packs(tmp_path))[0]
+    unlink = Path.unlink
+
+    def refusing(path: Path, *args: Any, **kwargs: Any) -> None:
+        if path.name == held:
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", refusing)
+    with pytest.raises(StoreError, match=f"could not remove packs/{held}"):
+        store.compact(grace=0)
+    assert held in _packs(tmp_path)
+    monkeypatch.undo()
+    assert store.gc(grace=0).unremoved == {}
 
 
 def test_compaction_refuses_a_negative_grace(tmp_path: Path) -> None:

@@ -82,6 +82,8 @@ class _Compacting(_Packing, Protocol):
 
     def _remove(self, section: str, names: list[str]) -> None: ...
 
+    def _passed_over(self) -> dict[str, str]: ...
+
     def _clock_ahead(self) -> float: ...
 
     def _read_blob(self, digest: str, size: int | None, borrow: bool = False) -> memoryview: ...
@@ -326,7 +328,23 @@ def _remove_replaced(home: _Compacting, packs: _Packs, grace: float, out: Compac
         elif _all_newer(fresh, pack.entries, order):
             out.waiting += 1
     home._remove("packs", removed)
+    _refuse_passed_over(home)
     out.removed = len(removed)
+
+
+def _refuse_passed_over(home: _Compacting) -> None:
+    """StoreError naming a pack index the home went past for want of permission (in a
+    folder of another user of a shared store): a compaction that leaves one says so,
+    rather than counting it removed, and leaves it for no later gc to report."""
+    passed = home._passed_over()
+    if passed:
+        where, why = next(iter(passed.items()))
+        more = f", nor {len(passed) - 1} more pack indexes" if len(passed) > 1 else ""
+        raise StoreError(
+            f"could not remove {where} ({why}){more}, left as they are (every row is still "
+            "recalled); the other packs a newer one replaces are removed. Run compact as a "
+            "user who may write the whole store"
+        )
 
 
 def _note_newest(
