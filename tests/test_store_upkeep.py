@@ -2068,3 +2068,38 @@ def test_gc_goes_past_a_record_it_may_not_remove_oldest_first_to_meet_the_budget
     assert main(["store", "gc", "--store", str(root), "--max-bytes", "0", "--grace", "0"]) == 2
     assert "could not remove 1 files" in capsys.readouterr().err
     assert LocalStore(root).have([old, stuck]) == {stuck}
+
+
+@pytest.mark.parametrize("then", ["gc", "compact"])
+def test_a_gc_stopped_part_way_hands_the_next_no_file_it_went_past(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, then: str
+) -> None:
+    """A gc that went past a record it may not remove, then stopped (Ctrl-C), left that
+    record noted on the store object: the next gc of the object, which removed it, still
+    named it as left (the command line exited 2), and a compaction refused for it. Each
+    names only what it left itself."""
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    stuck, later = key_of(1), key_of(2)
+    for age, key in ((300, stuck), (200, later)):
+        store.keep(key, bytes([age % 251]) * 1000, "plain")
+        os.utime(store.answer_path(key), (time.time() - age,) * 2)
+    held, stopped = (str(store.answer_path(key)) for key in (stuck, later))
+    rename = os.rename
+
+    def refusing(source: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        if os.fspath(source) == held:
+            raise PermissionError(errno.EACCES, "Permission denied", held)
+        if os.fspath(source) == stopped:
+            raise KeyboardInterrupt
+        rename(source, target, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rename", refusing)
+    with pytest.raises(KeyboardInterrupt):
+        store.gc(0, grace=0)
+    monkeypatch.undo()
+    if then == "compact":
+        assert store.compact(grace=0).removed == 0
+    done = store.gc(0, grace=0)
+    assert done.answers == 2
+    assert done.unremoved == {}

@@ -162,6 +162,7 @@ def compact(home: _Compacting, grace: float) -> Compacted:
             f"one is this old: a reader may have just listed it), got {grace!r}"
         )
     out = Compacted()
+    home._passed_over()  # what a gc stopped part way went past is not this one's to say
     packs = _Packs(home)
     before = time.time() - grace
     out.young = sum(

@@ -565,6 +565,7 @@ def collect(
     # The blobs this object's own writes refer to from now on, in records or indexes the
     # listings below may have missed, are left alone (:meth:`_removing_blobs`).
     with shelf._collecting():
+        shelf._passed_over()  # what a gc stopped part way went past is not this one's to say
         return _collect(shelf, max_bytes, grace, progress or _quiet, abandoned_after, check_key)
 
 
