@@ -17,11 +17,13 @@ once more (loaded back), when it goes on.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from somatize.node import UNSET, attributes_of, tells_state
 from somatize_torch._state import StateWatch
@@ -52,19 +54,20 @@ class _ParameterWatch:
     """A parameter kept on its own, watched as :class:`StateWatch` watches one of a module:
     by its version counter, its memory and the gradient it holds."""
 
-    __slots__ = ("_gradient", "_parameter", "_version", "_where")
+    __slots__ = ("_gradient", "_parameter", "_requires", "_version", "_where")
 
     def __init__(self, parameter: torch.Tensor) -> None:
         self._parameter = parameter
         self._version = parameter._version
         self._where = parameter.data_ptr()
-        self._gradient = parameter.grad
+        self.follow_gradients()
 
     def changed(self, thorough: bool = True) -> bool:
         p = self._parameter
         return (
             p._version != self._version
             or p.grad is not self._gradient
+            or p.requires_grad != self._requires
             or (thorough and p.data_ptr() != self._where)
         )
 
@@ -74,6 +77,7 @@ class _ParameterWatch:
 
     def follow_gradients(self) -> None:
         self._gradient = self._parameter.grad
+        self._requires = self._parameter.requires_grad
 
 
 def _items(held: Any) -> tuple[Any, ...]:
@@ -89,7 +93,7 @@ class KeptWeightsWatch:
     (``copy.deepcopy`` of the graph, a pickle) watches the copy's weights, equal to the
     original's when copied, and says changed where the original's had."""
 
-    __slots__ = ("_changed", "_graded", "_kept", "_node", "_values")
+    __slots__ = ("__weakref__", "_changed", "_graded", "_heard", "_kept", "_node", "_values")
 
     def __init__(self, node: Any, changed: str | None = None, values: str | None = None) -> None:
         self._node = node
@@ -106,6 +110,27 @@ class KeptWeightsWatch:
             for name, (value, parts) in kept.items()
         ]
         self._graded = _holds_gradients(node)
+        self._heard: list[RemovableHandle] = []
+        weakref.finalize(self, _removed, self._heard)
+        self._hear_gradients()
+
+    def _hear_gradients(self) -> None:
+        """Marks the weights graded whenever a backward gives a weight that requires grad
+        a gradient from here on: a fused step, then `zero_grad()`, before the next forward
+        leaves each weight at its version and its gradient None, as watched."""
+        _removed(self._heard)
+        heard = weakref.ref(self)
+
+        def given(_: torch.Tensor) -> None:
+            watch = heard()
+            if watch is not None:
+                watch._graded = True
+
+        self._heard.extend(
+            p.register_post_accumulate_grad_hook(given)  # type: ignore[no-untyped-call]
+            for p in _kept_parameters(self._node)
+            if p.requires_grad and p.is_leaf
+        )
 
     def __call__(self) -> str | None:
         if self._changed is None:
@@ -127,7 +152,10 @@ class KeptWeightsWatch:
         if self._graded:
             # A fused optimizer (`AdamW(fused=True)`) steps a weight holding a gradient
             # without moving its version counter: only its values tell.
-            return "a weight it keeps holds a gradient, which an optimizer may have stepped it by"
+            return (
+                "a weight it keeps holds or was given a gradient, which an optimizer may "
+                "have stepped it by"
+            )
         return None
 
     def _replaced(self) -> str | None:
@@ -157,6 +185,7 @@ class KeptWeightsWatch:
             for _, watch in parts:
                 watch.follow_gradients()
         self._graded = _holds_gradients(self._node)
+        self._hear_gradients()  # a weight made to require grad since
         self._changed = None
         return True
 
@@ -185,13 +214,22 @@ def _values_of(node: Any) -> str:
     return digest_named(named)
 
 
+def _kept_parameters(node: Any) -> Iterator[torch.Tensor]:
+    """Each parameter among the weights ``node`` keeps."""
+    for _, _, part in kept_weights(node):
+        yield from part.parameters() if isinstance(part, nn.Module) else (part,)
+
+
 def _holds_gradients(node: Any) -> bool:
     """Whether a parameter among the weights ``node`` keeps holds a gradient."""
-    for _, _, part in kept_weights(node):
-        held = part.parameters() if isinstance(part, nn.Module) else (part,)
-        if any(p.grad is not None for p in held):
-            return True
-    return False
+    return any(p.grad is not None for p in _kept_parameters(node))
+
+
+def _removed(handles: list[RemovableHandle]) -> None:
+    """Removes the hooks ``handles`` hold, once the watch that set them is dropped."""
+    for handle in handles:
+        handle.remove()
+    handles.clear()
 
 
 def _replaced(now: tuple[Any, ...], was: tuple[Any, ...]) -> bool:

@@ -381,12 +381,20 @@ def test_weights_changed_where_settled_state_says_the_same_digest_are_refused(
     settle are refused though it still says the digest it was settled at, never recalled
     as answers of the weights they no longer hold."""
     node = LoadedOnce().identified("tests.test_torch_settled:LoadedOnce")
+    _refused_for_other_values(node, change, {"at": 3, "take": 2}, store)
+
+
+def _refused_for_other_values(
+    node: Node, change: Callable[[Any], None], span: dict[str, int], store: Store
+) -> Graph:
+    """The graph of ``node``, settled, whose forward after ``change`` is refused, saying
+    the weights hold other values."""
     g = _graph(node)
-    span = {"at": 3, "take": 2}
     g.forward(span, store=store)
     change(node)
     with pytest.raises(NotSettled, match=r"other values.*settle\(g\)` again"):
         g.forward(span, store=store)
+    return g
 
 
 def test_a_gradient_written_at_every_step_asks_the_node_nothing(store: Store) -> None:
@@ -431,5 +439,39 @@ def test_a_fused_optimizer_step_is_refused(store: Store, backward_before_forward
         optimizer.step()  # with the gradient held when the forward looked
     with pytest.raises(NotSettled, match=r"`self\.encoder`, an nn\.Module, changed.*settle\(g\)"):
         g.forward(span, store=store)
+    settle(g)
+    assert torch.equal(g.forward(span, store=store), _truth(g, span))
+
+
+def _fused_step_then_dropped(node: Predict) -> None:
+    optimizer = torch.optim.SGD(node.encoder.parameters(), lr=0.5, fused=True)
+    _given_a_gradient(node)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _listed_trained_fused_then_dropped(node: PredictListed) -> None:
+    weight = node.weights[0].requires_grad_(True)
+    optimizer = torch.optim.SGD([weight], lr=0.5, fused=True)
+    (torch.ones(1, 4) @ weight).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize(
+    ("make", "change"),
+    [(Predict, _fused_step_then_dropped), (PredictListed, _listed_trained_fused_then_dropped)],
+    ids=["module", "listed-parameter"],
+)
+def test_a_fused_step_whose_gradient_was_dropped_before_the_forward_is_refused(
+    store: Store, make: Callable[[], Any], change: Callable[[Any], None]
+) -> None:
+    """A weight given a gradient after the forward, stepped by a fused optimizer and its
+    gradient dropped (``zero_grad()``) before the next forward kept its version, its
+    memory and its gradient as watched: the step went unseen, and the answer of the
+    weights settled was recalled. A gradient accumulated since the forward looked has
+    the values compared, and the step is refused."""
+    span = {"at": 4, "take": 3}
+    g = _refused_for_other_values(make(), change, span, store)
     settle(g)
     assert torch.equal(g.forward(span, store=store), _truth(g, span))
