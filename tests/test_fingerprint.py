@@ -1017,6 +1017,56 @@ def test_a_script_run_with_dash_m_crosses_to_a_network_worker_without_running_ag
     assert sorted(printed[2].split()) == ["crossed", "crossed", "finished", "ran"]
 
 
+_MODULE_TENSOR_TREE = """
+import dataclasses, multiprocessing, sys
+from typing import NamedTuple
+import torch
+import somatize.torch
+from somatize import Graph, Node
+
+class Pair(NamedTuple):
+    a: torch.Tensor
+    b: torch.Tensor
+
+@dataclasses.dataclass
+class Out:
+    pair: Pair
+
+class Split(Node):
+    def forward(self, x, ctx):
+        return Out(Pair(torch.ones(2) * x, torch.zeros(2)))
+
+def answer(store):
+    g = Graph.somatize(Split().named("split").frozen().cached())
+    out = g.forward(3, store=store)
+    return [type(out).__name__, type(out.pair).__name__, g.record.outcome["split"]]
+
+if __name__ == "__main__":
+    print(*answer(sys.argv[1]), "|", *answer(sys.argv[1]), end=" | ")
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(*pool.apply(answer, (sys.argv[1],)))
+"""
+
+
+def test_a_tensor_tree_of_classes_of_a_script_run_with_dash_m_is_kept_and_recalled(
+    tmp_path: Path,
+) -> None:
+    """A node of a script run as ``python -m pkg.script`` answering a dataclass or a
+    namedtuple of tensors the script defines, named ``pkg.script:…``, was refused by the
+    codec, which looked for the class in a module ``pkg.script`` not loaded: nothing was
+    kept. The script that runs is where that module's classes are found, in it, in a
+    process it spawns, and where ``pkg.script`` is imported."""
+    code = tmp_path / "code"
+    code.mkdir()
+    _package(code, "pkg", script=_MODULE_TENSOR_TREE)
+    store = str(tmp_path / "store")
+    assert _printed(["-m", "pkg.script", store], code).split() == [
+        *("Out", "Pair", "ran", "|", "Out", "Pair", "recalled", "|", "Out", "Pair", "recalled"),
+    ]
+    imported = "import sys, pkg.script as m; print(*m.answer(sys.argv[1]))"
+    assert _printed(["-c", imported, store], code).split() == ["Out", "Pair", "recalled"]
+
+
 def test_a_node_of_a_checkout_beside_the_library_is_the_same_code_from_any_folder(
     tmp_path: Path,
 ) -> None:

@@ -107,8 +107,9 @@ def held_at(module: str, qualname: str) -> Any:
     """What loaded module ``module`` holds at ``qualname`` (``Outer.Inner``), or None —
     read from module and class namespaces only: nothing is imported, and no module
     ``__getattr__`` (which may import) or metaclass property runs for a name that came
-    from elsewhere (a store)."""
-    found: Any = sys.modules.get(module)
+    from elsewhere (a store). A script ``python -m`` ran as ``module``, named so
+    (:func:`~somatize.catalog._project.key_named`), is loaded as ``__main__``."""
+    found: Any = sys.modules.get(module) or _running_script(module)
     for part in qualname.split("."):
         if not isinstance(found, (type(sys), type)):
             return None
