@@ -41,6 +41,7 @@ import torch
 
 from somatize.catalog import held_at
 from somatize.catalog._project import qualified
+from somatize.catalog._rebuild import held_as_named
 from somatize.codecs import Unreadable
 from somatize_torch.digest import DTYPES
 
@@ -414,7 +415,7 @@ def _class_at(form: str, named: str, fields: Sequence[str]) -> type | None:
     module, _, qualname = named.partition(":")
     if "<locals>" in qualname:
         return None
-    found = held_at(module, qualname)  # no code runs for a name a store gave
+    found = held_as_named(module, qualname)  # no code runs for a name a store gave
     if isinstance(found, type) and _layout(found) == (form, tuple(fields)):
         return found
     return None

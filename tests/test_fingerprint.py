@@ -1048,17 +1048,24 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.parametrize("imported_besides", [False, True])
 def test_a_tensor_tree_of_classes_of_a_script_run_with_dash_m_is_kept_and_recalled(
-    tmp_path: Path,
+    tmp_path: Path, imported_besides: bool
 ) -> None:
     """A node of a script run as ``python -m pkg.script`` answering a dataclass or a
     namedtuple of tensors the script defines, named ``pkg.script:…``, was refused by the
-    codec, which looked for the class in a module ``pkg.script`` not loaded: nothing was
-    kept. The script that runs is where that module's classes are found, in it, in a
-    process it spawns, and where ``pkg.script`` is imported."""
+    codec, which looked for the class in a module ``pkg.script`` not loaded, or loaded
+    again by an import besides the script (holding other classes of the same names):
+    nothing was kept. The script that runs is where that module's classes are found, in
+    it, in a process it spawns, and where ``pkg.script`` is imported."""
     code = tmp_path / "code"
     code.mkdir()
-    _package(code, "pkg", script=_MODULE_TENSOR_TREE)
+    script = _MODULE_TENSOR_TREE
+    if imported_besides:  # a module of the package imports the script by its name
+        script = script.replace(
+            "import somatize.torch\n", "import somatize.torch\nimport pkg.uses\n"
+        )
+    _package(code, "pkg", script=script, uses="import pkg.script\n")
     store = str(tmp_path / "store")
     assert _printed(["-m", "pkg.script", store], code).split() == [
         *("Out", "Pair", "ran", "|", "Out", "Pair", "recalled", "|", "Out", "Pair", "recalled"),

@@ -117,6 +117,16 @@ def held_at(module: str, qualname: str) -> Any:
     return found
 
 
+def held_as_named(module: str, qualname: str) -> Any:
+    """What ``module:qualname``, as keys name a class (:func:`qualified`), is among the
+    loaded modules, or None: where ``python -m`` ran the script as ``module``, what the
+    script holds — its code's own class, though an import loaded ``module`` besides, making
+    other classes of the same names — else what :func:`held_at` finds."""
+    if script_importable_as() == module:
+        return held_at("__main__", qualname)
+    return held_at(module, qualname)
+
+
 def _dotted(name: str) -> bool:
     """Whether ``name`` is identifiers joined by dots (``pkg.mod``, ``Outer.Inner``): what
     the module and the qualname of an identity are."""
