@@ -1022,7 +1022,7 @@ import dataclasses, multiprocessing, sys
 from typing import NamedTuple
 import torch
 import somatize.torch
-from somatize import Graph, Node
+from somatize import Broker, Graph, Node, Worker
 
 class Pair(NamedTuple):
     a: torch.Tensor
@@ -1041,7 +1041,13 @@ def answer(store):
     out = g.forward(3, store=store)
     return [type(out).__name__, type(out.pair).__name__, g.record.outcome["split"]]
 
+def crossed():
+    g = Graph.somatize(Split().named("split").at("w1"))
+    out = g.forward(3, broker=Broker.embedded({"w1": Worker.generic(mode="network")}))
+    return type(out) is Out and type(out.pair) is Pair
+
 if __name__ == "__main__":
+    print(crossed(), end=" | ")
     print(*answer(sys.argv[1]), "|", *answer(sys.argv[1]), end=" | ")
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         print(*pool.apply(answer, (sys.argv[1],)))
@@ -1056,8 +1062,9 @@ def test_a_tensor_tree_of_classes_of_a_script_run_with_dash_m_is_kept_and_recall
     namedtuple of tensors the script defines, named ``pkg.script:…``, was refused by the
     codec, which looked for the class in a module ``pkg.script`` not loaded, or loaded
     again by an import besides the script (holding other classes of the same names):
-    nothing was kept. The script that runs is where that module's classes are found, in
-    it, in a process it spawns, and where ``pkg.script`` is imported."""
+    nothing was kept, and one crossing back from a network worker was refused. The script
+    that runs is where that module's classes are found, in it, in a process it spawns,
+    and where ``pkg.script`` is imported."""
     code = tmp_path / "code"
     code.mkdir()
     script = _MODULE_TENSOR_TREE
@@ -1068,7 +1075,8 @@ def test_a_tensor_tree_of_classes_of_a_script_run_with_dash_m_is_kept_and_recall
     _package(code, "pkg", script=script, uses="import pkg.script\n")
     store = str(tmp_path / "store")
     assert _printed(["-m", "pkg.script", store], code).split() == [
-        *("Out", "Pair", "ran", "|", "Out", "Pair", "recalled", "|", "Out", "Pair", "recalled"),
+        *("True", "|", "Out", "Pair", "ran", "|", "Out", "Pair", "recalled"),
+        *("|", "Out", "Pair", "recalled"),
     ]
     imported = "import sys, pkg.script as m; print(*m.answer(sys.argv[1]))"
     assert _printed(["-c", imported, store], code).split() == ["Out", "Pair", "recalled"]

@@ -122,9 +122,7 @@ def held_as_named(module: str, qualname: str) -> Any:
     loaded modules, or None: where ``python -m`` ran the script as ``module``, what the
     script holds — its code's own class, though an import loaded ``module`` besides, making
     other classes of the same names — else what :func:`held_at` finds."""
-    if script_importable_as() == module:
-        return held_at("__main__", qualname)
-    return held_at(module, qualname)
+    return held_at("__main__" if _running_script(module) else module, qualname)
 
 
 def _dotted(name: str) -> bool:
@@ -134,10 +132,11 @@ def _dotted(name: str) -> bool:
 
 
 def _running_script(name: str) -> ModuleType | None:
-    """The script that runs here, where ``python -m`` ran it as module ``name`` and no import
-    loaded ``name`` besides: its classes are the ones ``name`` holds, and importing
-    ``name`` would run its code a second time, making other classes of the same names."""
-    if name in sys.modules or script_importable_as() != name:
+    """The script that runs here, where ``python -m`` ran it as module ``name``: its
+    classes are the ones ``name`` names, those its own code uses. Importing ``name`` runs
+    its code a second time, making other classes of the same names, which a module of its
+    package may have done besides."""
+    if script_importable_as() != name:
         return None
     return sys.modules["__main__"]
 
