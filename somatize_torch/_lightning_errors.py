@@ -10,7 +10,7 @@ and the part that finds and checks its submodules,
     └── CompiledSubmodule (TypeError)              the submodule is itself compiled
 
     NeverHits (SomatizeWarning)        a training epoch after the first recalled no row
-    Uncached (SomatizeWarning)         a submodule unfrozen, or left to train: it runs uncached
+    Uncached (SomatizeWarning)         a submodule unfrozen, left to train or never called
     FrozeTrainable (SomatizeWarning)   caching froze parameters that required grad
 
 A warning, not an error, where the fit can go on: a module unfrozen trains as
@@ -54,7 +54,8 @@ class Uncached(SomatizeWarning):
     """A submodule runs uncached: a fine-tuning schedule unfroze it, a fine-tuning
     callback leaves it to train (or in train mode), it would run in train mode with parts
     that compute otherwise there (BatchNorm, dropout), it is handed a batch that requires
-    grad (a trainable part upstream of it), or another module replaced it."""
+    grad (a trainable part upstream of it), or another module replaced it; or the first
+    training epoch never called it (the step calls a method of it, or its parts)."""
 
 
 class FrozeTrainable(SomatizeWarning):

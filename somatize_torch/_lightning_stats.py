@@ -15,7 +15,9 @@ reduced across ranks under DDP (counts summed, a hit rate taken over the rows su
 times averaged). The progress bar gets the training epoch's running hit rate
 (:func:`running_hit_rate`), every few batches (:func:`show_hit_rate`).
 And a training epoch after the first that recalled nothing it could have
-(:func:`never_hit`) says so once: its inputs differ every epoch.
+(:func:`never_hit`) says so once: its inputs differ every epoch. So does a first training
+epoch that never called a module named (:func:`never_called`): the step runs a method of
+it, or its parts, which the cache does not stand for.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ __all__ = [
     "Stage",
     "grown",
     "log_epoch",
+    "never_called",
     "never_hit",
     "plus",
     "running_hit_rate",
@@ -207,6 +210,43 @@ def never_hit(trainer: pl.Trainer, records: list[EpochStats], changed: set[str])
             "callback"
         )
     return said + "; ".join(reasons)
+
+
+def never_called(
+    trainer: pl.Trainer,
+    pl_module: pl.LightningModule,
+    history: list[EpochStats],
+    cached: dict[str, CachedRows],
+) -> str | None:
+    """What to warn of (:class:`~somatize_torch.lightning.Uncached`) when the first
+    training epoch just ended, having run batches, and no stage so far (``history``) called
+    one of the ``cached`` modules: the step calls a method of it (a CLIP model's
+    ``encode_image``) or its parts, which run uncached. None otherwise. The rows are summed
+    across ranks, as a hook may call a module on one rank only."""
+    if not cached or not trainer.num_training_batches:
+        return None
+    names = list(cached)
+    asked = [sum(e.rows.rows for e in history if e.module == name) for name in names]
+    summed = trainer.strategy.reduce(
+        torch.tensor(asked, dtype=torch.int64, device=pl_module.device), reduce_op="sum"
+    )
+    idle = [name for name, count in zip(names, summed.tolist(), strict=True) if count == 0]
+    if not idle:
+        return None
+    parts = [f"{name}.{part}" for name in idle for part, _ in cached[name].module.named_children()]
+    instead = (
+        f"Name the parts the step calls instead ({_listed(parts[:8])}), or call"
+        if parts
+        else "Call"
+    )
+    first = idle[0]
+    return (
+        f"training epoch {trainer.current_epoch} never called {_listed(idle)}, nor did an "
+        "evaluation before it, so none of its rows was cached or recalled. The callback "
+        f"caches a call of the module itself (`self.{first}(x)`); a method of it "
+        f"(`self.{first}.encode_image(x)`, `self.{first}.forward_features(x)`) or a part "
+        f"of it called directly runs uncached. {instead} the module itself"
+    )
 
 
 def _rows_recur(trainer: pl.Trainer) -> bool:

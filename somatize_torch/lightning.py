@@ -188,6 +188,7 @@ from somatize_torch._lightning_stats import (
     Stage,
     grown,
     log_epoch,
+    never_called,
     never_hit,
     plus,
     show_hit_rate,
@@ -843,6 +844,10 @@ class CacheFrozen(Callback):
         keyed = {name: cached.keyed_anew for name, cached in self._cached.items()}
         changed = grown(self._keyed_anew, keyed)
         self._keyed_anew = keyed
+        if self._train_epochs == 1:
+            idle = never_called(trainer, pl_module, self.history, self._cached)
+            if idle is not None:
+                warnings.warn(idle, Uncached, stacklevel=2)
         if self._train_epochs >= 2 and not self._warned:
             never = never_hit(trainer, self._last("train"), changed)
             if never is not None:

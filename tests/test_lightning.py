@@ -482,6 +482,38 @@ def test_an_encoder_replaced_at_an_epochs_start_is_said_to_run_uncached(
     assert callback.cached["encoder"].module is new and tested.rows.computed == SAMPLES
 
 
+class _CallsAMethod(Probe):
+    """Calls a method of its encoder (as a CLIP model's ``encode_image``), never the
+    encoder itself; validates the same way."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            features = self.encoder.pool(torch.relu(self.encoder.norm(self.encoder.conv(x))))
+        return self.head(features.flatten(1))
+
+
+def test_a_named_module_the_fit_never_calls_is_said_to_run_uncached(tmp_path: Path) -> None:
+    """A module named to the callback that the training epoch and the validation before
+    it never called (the step runs a method of it, or its parts directly) is said once to
+    have cached nothing, naming its parts to name instead; the fit trains as without the
+    callback, and a module the step calls is not warned of."""
+    callback = CacheFrozen(None, ["encoder"])
+    with pytest.warns(Uncached, match="never called `encoder`") as seen:
+        trainer(tmp_path, 2, callbacks=[callback]).fit(
+            _CallsAMethod(), loader(), loader(shuffle=False, seed=2)
+        )
+    said = [w for w in seen if issubclass(w.category, Uncached)]
+    assert len(said) == 1
+    assert "`encoder.conv`" in str(said[0].message)
+    assert [e.rows.rows for e in epochs(callback, "train")] == [0, 0]
+
+    called = CacheFrozen(None, ["encoder"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SomatizeWarning)
+        trainer(tmp_path / "called", 2, callbacks=[called]).fit(Probe(), loader())
+    assert [e.rows.rows for e in epochs(called, "train")] == [SAMPLES, SAMPLES]
+
+
 class _WrapsInSetup(Probe):
     """Puts its encoder inside a module of its own in ``setup()``, which Lightning runs after
     the callbacks'."""
