@@ -55,6 +55,7 @@ __all__ = [
     "any_global_hooks",
     "global_hooks",
     "hooks_of",
+    "its_own",
     "settings_of",
     "stand_in_call",
     "stood_for",
@@ -77,6 +78,20 @@ def stood_for(part: nn.Module) -> nn.Module:
     while isinstance(part, wrapped):
         part = part.model
     return part
+
+
+def its_own(stand_in: nn.Module, module: nn.Module, name: str) -> bool:
+    """Whether ``name``, written through ``stand_in`` (a row cache, a wrapped model), is
+    ``module``'s: a value it holds itself (``encoder.gain``), or its class holds as a
+    default or a property. There its forward reads it; written beside it, on the stand-in,
+    reading it back would show a value the forward never uses. What the stand-in holds
+    itself, and a private name, are the stand-in's."""
+    return (
+        not name.startswith("_")
+        and name not in stand_in.__dict__
+        and (name in module.__dict__ or hasattr(type(module), name))
+        and not hasattr(type(stand_in), name)
+    )
 
 
 @functools.cache

@@ -116,7 +116,7 @@ from somatize_torch._modes import (
     unwinding,
 )
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
-from somatize_torch._settings import any_global_hooks, global_hooks, stand_in_call
+from somatize_torch._settings import any_global_hooks, global_hooks, its_own, stand_in_call
 from somatize_torch._split import identical_at
 from somatize_torch._state import StateWatch
 from somatize_torch._tracing import (
@@ -263,6 +263,9 @@ class Wrapped(nn.Module):
         parts: _Parts,
     ) -> None:
         super().__init__()
+        # Before the model is in place: a `counts` of the model's would take it otherwise.
+        self.counts: dict[str, dict[str, int]] = {}
+        """Per cached node, how many times each fact (``ran``, ``recalled``, ``kept``) happened."""
         for table in REGISTRIES:
             self.__dict__[table] = model.__dict__[table]
         object.__setattr__(self, "training", model.training)
@@ -273,8 +276,6 @@ class Wrapped(nn.Module):
         object.__setattr__(self, "_parts", parts)
         object.__setattr__(self, "_runners", runners)
         parts.watch(model)
-        self.counts: dict[str, dict[str, int]] = {}
-        """Per cached node, how many times each fact (``ran``, ``recalled``, ``kept``) happened."""
         self._sign_forward()
 
     def _sign_forward(self) -> None:
@@ -336,9 +337,28 @@ class Wrapped(nn.Module):
             setattr(model, name, value)
             self._follow()
             return
+        if model is not None and its_own(self, model, name):
+            # A value the model holds (`wrapped.global_pool = "token"`), which its forward
+            # reads: beside it, on the wrapper, it would change nothing the model answers.
+            setattr(model, name, value)
+            return
         super().__setattr__(name, value)
         if isinstance(value, (nn.Module, torch.Tensor)):
             self._follow()
+
+    def __getattr__(self, name: str) -> Any:
+        """What the model holds beside its tensors and children — a plain value
+        (``wrapped.global_pool``), a method (``wrapped.encode_image(x)``) — read from the
+        model itself. Only calling the wrapped model is cached: a method called this way
+        runs the model, uncached."""
+        try:
+            return super().__getattr__(name)  # parameters, buffers, children: the model's
+        except AttributeError:
+            model = self.__dict__.get("model")
+            # A private name is the wrapper's (`__deepcopy__` is asked of it, not the model).
+            if model is None or name.startswith("_") or not hasattr(model, name):
+                raise
+            return getattr(model, name)
 
     def add_module(self, name: str, module: nn.Module | None) -> None:
         parts: _Parts | None = self.__dict__.get("_parts")

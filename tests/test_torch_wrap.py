@@ -11112,3 +11112,38 @@ def test_a_wrapped_models_answer_is_of_the_class_the_model_answers(store: Store)
     assert torch.equal(wrapped(x)[0], model(x).logits)
     with pytest.raises(smt.Untraceable, match=r"`AttributeDict`, a subclass of `dict`"):
         wrapped(x, kind="attributes")
+
+
+class _Pooled(nn.Module):
+    """A timm-style model: how it pools is a plain value its forward reads, and it has
+    methods of its own beside ``forward``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(4, 4)
+        self.global_pool = "avg"
+
+    def pooled(self, h: torch.Tensor) -> torch.Tensor:
+        return h.mean(1) if self.global_pool == "avg" else h[:, 0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.pooled(self.embed(x))
+
+
+def test_a_value_written_through_a_model_wrapped_whole_is_the_models(tmp_path: Path) -> None:
+    """A value the model holds, written through the wrapped model
+    (``wrapped.global_pool = "token"``), is written to the model, whose forward reads it:
+    the next call answers as the model does with it, and reading it through the wrapped
+    model gives the model's. A method of the model is reached through it too."""
+    model = _Pooled()
+    wrapped = smt.wrap(model, frozen=True, cached=True, store=tmp_path)
+    smt.freeze(wrapped)
+    x = torch.randn(2, 3, 4)
+    with torch.no_grad():
+        pooled = wrapped(x)
+        wrapped.global_pool = "token"
+        assert model.global_pool == "token" and wrapped.global_pool == "token"
+        assert torch.equal(wrapped(x), model(x))
+        assert not torch.equal(wrapped(x), pooled)
+        assert torch.equal(wrapped.pooled(x), model.pooled(x))
+    assert list(wrapped.counts.values()) == [{"ran": 2, "kept": 2, "recalled": 1}]
