@@ -411,18 +411,24 @@ def test_a_wrapper_a_decorator_of_its_package_makes_is_read_by_its_own_code(
     assert [a != b for a, b in zip(now, first, strict=True)] == [True, True]
 
 
-_CLOSES_OVER_A_CLASS = {
-    "boxes": """
-class Box:
-    k = 2
-
+_SCALED_BY = """
 def scaled_by(kind):
     def scale(x):
         return x * kind.k
     return scale
 
 SCALE = scaled_by(Box)
+"""
+"""A helper a factory makes, closing over the class ``Box`` it is handed."""
 
+
+_CLOSES_OVER_A_CLASS = {
+    "boxes": """
+class Box:
+    k = 2
+"""
+    + _SCALED_BY
+    + """
 def registered(kind):
     def made():
         return kind()
@@ -458,6 +464,41 @@ def test_a_class_a_helper_closes_over_is_named_by_how_it_is_written(tmp_path: Pa
     _write(tmp_path / "boxing" / "boxes.py", _CLOSES_OVER_A_CLASS["boxes"].replace("= 2", "= 3"))
     now = _fingerprints_in(tmp_path, "boxing.nodes", *kinds)
     assert [a != b for a, b in zip(now, first, strict=True)] == [True, False]
+
+
+_CLOSES_OVER_A_CLASS_OF_A_PACKAGE = (
+    """
+from somatize import Node
+from box_lib.boxes import Box
+"""
+    + _SCALED_BY
+    + """
+class Scaled(Node):
+    def forward(self, x, ctx):
+        return SCALE(x)
+"""
+)
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_a_class_of_an_installed_package_a_helper_closes_over_is_named_by_its_name(
+    installed: bool, tmp_path: Path
+) -> None:
+    """A class a helper of a node's module closes over that is an installed package's is
+    named by its name alone, as a helper class of one is: the package upgraded (its class
+    edited) leaves the fingerprint as it was, and the answers recalled. One of a package
+    not installed (a shared checkout on ``$PYTHONPATH``) is the node's code: edited, it is
+    another fingerprint."""
+    boxes = "class Box:\n    k = 2\n"
+    project, shared = _shared_checkout(
+        tmp_path, _CLOSES_OVER_A_CLASS_OF_A_PACKAGE, "box_lib", boxes=boxes
+    )
+    if installed:
+        _installed(shared, "box_lib")
+    first = _fingerprints_in(project, "shared_nodes", "Scaled", also=(shared,))
+    _write(shared / "box_lib" / "boxes.py", boxes.replace("= 2", "= 3"))
+    now = _fingerprints_in(project, "shared_nodes", "Scaled", also=(shared,))
+    assert (now == first) is installed
 
 
 _SHARED_DECORATORS = """

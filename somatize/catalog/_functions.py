@@ -31,6 +31,7 @@ from somatize.catalog._members import (
     _PARTIALS,
     _exactly_plain,
     _left_out,
+    _of_the_code,
     _of_the_standard_library,
     _plain,
     _put,
@@ -180,7 +181,9 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
             digest,
             b"closes",
             *(
-                n.encode() + b"\0" + (b"state" if n in state else _cell_bytes(n, c, within))
+                n.encode()
+                + b"\0"
+                + (b"state" if n in state else _cell_bytes(n, c, within, function.__module__))
                 for n, c in cells
             ),
         )
@@ -354,12 +357,13 @@ def _default_bytes(value: Any, within: frozenset[int] = frozenset()) -> bytes:
     return _argument_bytes(value) if _default_object(value) else _value_bytes(value)
 
 
-def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
+def _cell_bytes(name: str, cell: Any, within: frozenset[int], module: str = "") -> bytes:
     """What a function closes over, in the cell of its free variable ``name``: a plain
     value by what it is, a function by :func:`_function_bytes`, the class a method calling
     ``super()`` was defined in (``__class__``) by its name, another class by its name where
-    that leads back to it, an object whose state is all named by what it is by that
-    (:func:`_held_bytes`), a container holding objects by what it holds
+    that leads back to it (and how it is written, one of the user's code as ``module``, the
+    function's, sees it: :func:`_written_class`), an object whose state is all named by
+    what it is by that (:func:`_held_bytes`), a container holding objects by what it holds
     (:func:`_contained_bytes`), else by a mark of that very object (:func:`_token_of`), so that
     a function closing over another object is never taken for one closing over the
     first."""
@@ -376,7 +380,9 @@ def _cell_bytes(name: str, cell: Any, within: frozenset[int]) -> bytes:
     if isinstance(value, type) and name == "__class__":  # the class the code is written in
         return f"class {qualified(value)}".encode()
     if isinstance(value, type) and identity_of(value) is not None:
-        return _closed_class_bytes(value)
+        if _written_class(value, module):
+            return _closed_class_bytes(value)
+        return f"class {identity_of(value)}".encode()
     if isinstance(value, ModuleType):
         return f"module {value.__name__}".encode()
     if isinstance(value, BuiltinFunctionType) and (builtin := _builtin_bytes(value)):
@@ -396,14 +402,22 @@ def _writing() -> set[int]:
     return found
 
 
+def _written_class(kind: type, module: str) -> bool:
+    """Whether ``kind``, a class a function of ``module`` closes over, is named by how it
+    is written (:func:`_closed_class_bytes`): one of the user's code (:func:`_of_the_code`:
+    of that module's package, or of one not installed), not torch's, the standard
+    library's nor an installed package's, whose upgrade would drift every answer."""
+    return not _left_out(kind) and _of_the_code(kind.__module__, module)
+
+
 def _closed_class_bytes(kind: type) -> bytes:
-    """A class a function closes over (one a factory is handed: ``scaled_by(Box)``): one of
-    the library's by its name, any other by its name and how it is written, as a class a
-    class holds is — so that the class edited is other code. One met again while its code
+    """A class a function closes over (one a factory is handed: ``scaled_by(Box)``) that is
+    of the user's code (:func:`_written_class`), by its name and how it is written, as a
+    class a class holds is — so that the class edited is other code. One met again while its code
     is named (a class whose own method closes over it) is named by its name there."""
     name = f"class {identity_of(kind)}".encode()
     writing = _writing()
-    if _left_out(kind) or id(kind) in writing:
+    if id(kind) in writing:
         return name
     # imported here: naming a class's code names its functions, by this module
     from somatize.catalog._names import _helper_class_bytes
