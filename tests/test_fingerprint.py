@@ -501,6 +501,57 @@ def test_a_class_of_an_installed_package_a_helper_closes_over_is_named_by_its_na
     assert (now == first) is installed
 
 
+_CLOSES_OVER_A_CLASS_IN_PLACE = (
+    """
+from somatize import Node
+
+class Box:
+    k = 2
+"""
+    + _SCALED_BY
+    + """
+def forward_by(kind):
+    def forward(self, x, ctx):
+        return x * kind.k
+    return forward
+
+class Scaled(Node):
+    def forward(self, x, ctx):
+        return SCALE(x)
+
+class Made(Node):
+    forward = forward_by(Box)
+"""
+)
+
+
+@pytest.mark.parametrize("kind", ["Scaled", "Made"])
+def test_a_class_a_function_closes_over_given_another_value_in_place_is_seen(
+    kind: str, store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A class a helper of a node's module closes over, or a method a factory made for the
+    node closes over (``scaled_by(Box)``), given another value in place after a graph was
+    built (``Box.k = 3``) is other code at that graph's next forward and for a graph built
+    after: strict=True computes with it, never recalling what was computed before. Set
+    back, it is the code of before again."""
+    loaded = _load(tmp_path / "fingerprinted.py", _CLOSES_OVER_A_CLASS_IN_PLACE, monkeypatch)
+
+    def graph() -> Graph:
+        return Graph.somatize(getattr(loaded, kind)().named("h").frozen().cached())
+
+    built = graph()
+    first = fingerprint_of(getattr(loaded, kind))
+    assert _three_forwards(built, store, "h", 2) == ["ran", "recalled", "recalled"]
+    monkeypatch.setattr(loaded.Box, "k", 3)
+    assert _three_forwards(built, store, "h", 3) == ["ran", "recalled", "recalled"]
+    assert _three_forwards(graph(), store, "h", 3) == ["recalled", "recalled", "recalled"]
+    assert fingerprint_of(getattr(loaded, kind)) != first
+    loaded.Box.k = 2
+    assert fingerprint_of(getattr(loaded, kind)) == first
+    assert _three_forwards(built, store, "h", 2) == ["ran", "recalled", "recalled"]
+    assert _three_forwards(graph(), store, "h", 2) == ["recalled", "recalled", "recalled"]
+
+
 _SHARED_DECORATORS = """
 import functools
 

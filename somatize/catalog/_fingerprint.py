@@ -37,6 +37,7 @@ from somatize.catalog._code import (
 from somatize.catalog._functions import (
     _bound_in,
     _cells_now,
+    _closed_classes,
     _closed_objects,
     _default_table_bytes,
     _default_tables,
@@ -347,6 +348,8 @@ def _stamp_of(kind: type) -> tuple[Any, ...] | None:
     here, by identity: never another at the same address), plain functions, as unwrapped,
     closing over no object (:func:`_closed_objects`) and taking plain values only by
     default (each by a weak reference, its code and its defaults, by identity), and,
+    closing over no class of the user's but ``kind`` (:func:`_closed_classes`, read anew
+    by :func:`_made_of`), and,
     under dunder names, what :func:`_body_of` notes as None whichever object it is (a
     slot's descriptor, a dataclass's parameters, a dict) — equal to an earlier stamp only where
     :func:`_body_of` would note the same body; None for any other class (one holding an
@@ -361,6 +364,7 @@ def _stamp_of(kind: type) -> tuple[Any, ...] | None:
                     function.__kwdefaults__ is not None
                     or not _exactly_plain(function.__defaults__)
                     or _closed_objects(function)
+                    or any(closed is not kind for closed in _closed_classes(function))
                 ):
                     return None
                 code, defaults = function.__code__, function.__defaults__

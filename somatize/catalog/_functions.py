@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import threading
 import weakref
+from collections.abc import Iterable
 from types import (
     BuiltinFunctionType,
     CellType,
@@ -40,10 +41,14 @@ from somatize.catalog._members import (
 from somatize.catalog._project import qualified
 from somatize.catalog._rebuild import identity_of
 
-_FUNCTIONS: weakref.WeakKeyDictionary[FunctionType, tuple[Any, bytes]] = weakref.WeakKeyDictionary()
-"""A function → the code it ran and its defaults (:func:`_made_of`), and the digest of
-them (:func:`_function_bytes`), worked out again when it is given other code (``f.__code__
-= ...``, as a reloader does) or other defaults (``f.__defaults__ = ...``)."""
+_FUNCTIONS: weakref.WeakKeyDictionary[FunctionType, tuple[Any, bytes, bool]] = (
+    weakref.WeakKeyDictionary()
+)
+"""A function → the code it ran and its defaults (:func:`_made_of`), the digest of them
+(:func:`_function_bytes`), worked out again when it is given other code (``f.__code__
+= ...``, as a reloader does) or other defaults (``f.__defaults__ = ...``), and whether
+that digest reached no class a function closes over (:func:`_closed_class_bytes`), and
+so is the same inside the code of such a class."""
 
 
 class _Closed:
@@ -159,12 +164,17 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
         # Python's own (what `enum` sets on an enum: `_generate_next_value_`) is written
         # otherwise by each Python version, and is no code of the node's: named by its name.
         return b"standard " + qualified(function).encode()
+    naming = _naming()
+    met = naming.met
     made_of = _made_of(function)
-    # one named inside a class a function closes over names that class by its name alone
-    # (:func:`_closed_class_bytes`): neither taken from nor kept for a call from outside
-    outside = not _writing()
-    found = _FUNCTIONS.get(function) if outside else None
-    if found is not None and found[0] == made_of:
+    # one reaching a class a function closes over is named otherwise inside that class's
+    # code, which names it by its name alone (:func:`_closed_class_bytes`): kept, and taken,
+    # only outside any; one reaching none is the same everywhere
+    outside = not naming.classes
+    found = _FUNCTIONS.get(function)
+    if found is not None and found[0] == made_of and (outside or found[2]):
+        if not found[2]:
+            naming.met += 1
         return found[1]
     source = _source_of(function)
     digest = hashlib.sha256()
@@ -188,8 +198,9 @@ def _function_bytes(function: FunctionType, within: frozenset[int] = frozenset()
             ),
         )
     written = digest.digest()
-    if outside:
-        _FUNCTIONS[function] = (made_of, written)
+    alike = naming.met == met  # reached no class a function closes over
+    if outside or alike:
+        _FUNCTIONS[function] = (made_of, written, alike)
     return written
 
 
@@ -222,7 +233,9 @@ def _made_of(function: FunctionType, within: frozenset[int] = frozenset()) -> tu
     function that shares it, ``nonlocal scale; scale = 3``, is told apart), and each object
     it closes over that is named by what it holds (:func:`_held_bytes`) by that name, else
     by identity (one changed in place since it was named is marked from then on), and each
-    table it takes by default (:func:`_default_tables`) by what it holds, and what each
+    table it takes by default (:func:`_default_tables`) by what it holds, each class of the
+    user's code it closes over by how it is written now (:func:`_closed_class_bytes`:
+    ``Box.k = 3`` is seen), and what each
     function it closes over or takes by default is made of in turn (what a decorator wraps,
     given other code in place; ``within``: the functions around it, which one that closes
     over itself names)."""
@@ -238,6 +251,7 @@ def _made_of(function: FunctionType, within: frozenset[int] = frozenset()) -> tu
     return (
         _Same(function.__code__),
         _Same(function.__defaults__),
+        tuple(map(_closed_class_bytes, _closed_classes(function))),
         tuple((name, _Closed(value)) for name, value in keywords.items()),
         held,
         _cells_now(function),
@@ -390,16 +404,24 @@ def _cell_bytes(name: str, cell: Any, within: frozenset[int], module: str = "") 
     return _held_bytes(value) or _contained_bytes(value) or _token_of(value)
 
 
-_WRITING = threading.local()
-"""The classes a function closes over whose code this thread is naming
-(:func:`_closed_class_bytes`)."""
+class _Naming(threading.local):
+    """What this thread is naming of the classes functions close over
+    (:func:`_closed_class_bytes`)."""
+
+    def __init__(self) -> None:
+        self.classes: set[int] = set()
+        """The ids of the classes whose code it is naming."""
+        self.met = 0
+        """How many times such a class was named, to tell a function's digest that reached
+        none (:func:`_function_bytes`)."""
 
 
-def _writing() -> set[int]:
-    """The ids of the classes this thread is naming by their code, as a function closes
-    over them."""
-    found: set[int] = _WRITING.__dict__.setdefault("classes", set())
-    return found
+_NAMING = _Naming()
+
+
+def _naming() -> _Naming:
+    """What this thread is naming of the classes functions close over."""
+    return _NAMING
 
 
 def _written_class(kind: type, module: str) -> bool:
@@ -410,23 +432,61 @@ def _written_class(kind: type, module: str) -> bool:
     return not _left_out(kind) and _of_the_code(kind.__module__, module)
 
 
+def _closed_classes(function: FunctionType) -> list[type]:
+    """The classes ``function`` closes over, in cells it reads (:func:`_cells_read`), that
+    its digest names by how they are written (:func:`_written_class`); not the class its
+    code is written in (``__class__``)."""
+    if not function.__closure__:
+        return []
+    state = _cells_set_by(function)
+    found = []
+    for name, cell in zip(function.__code__.co_freevars, function.__closure__, strict=False):
+        if name in state or name == "__class__":
+            continue
+        with contextlib.suppress(ValueError):  # not filled yet
+            value = cell.cell_contents
+            named = isinstance(value, type) and identity_of(value) is not None
+            if named and _written_class(value, function.__module__):
+                found.append(value)
+    return found
+
+
+def _classes_reached(functions: Iterable[FunctionType]) -> list[type]:
+    """The classes ``functions``, and the functions they close over or take by default in
+    turn (:func:`_held_functions`), close over and name by how they are written
+    (:func:`_closed_classes`), once each: what a watch looks into, so that ``Box.k = 3``
+    is seen at the next forward."""
+    queue, seen = list(functions), set()
+    found: dict[type, None] = {}
+    while queue:
+        function = queue.pop()
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
+        found.update(dict.fromkeys(_closed_classes(function)))
+        queue += _held_functions(function)
+    return list(found)
+
+
 def _closed_class_bytes(kind: type) -> bytes:
     """A class a function closes over (one a factory is handed: ``scaled_by(Box)``) that is
     of the user's code (:func:`_written_class`), by its name and how it is written, as a
-    class a class holds is — so that the class edited is other code. One met again while its code
-    is named (a class whose own method closes over it) is named by its name there."""
+    class a class holds is — so that the class edited, or given another value in place, is
+    other code. One met again while its code is named (a class whose own method closes
+    over it) is named by its name there."""
     name = f"class {identity_of(kind)}".encode()
-    writing = _writing()
-    if id(kind) in writing:
+    naming = _naming()
+    naming.met += 1
+    if id(kind) in naming.classes:
         return name
     # imported here: naming a class's code names its functions, by this module
     from somatize.catalog._names import _helper_class_bytes
 
-    writing.add(id(kind))
+    naming.classes.add(id(kind))
     try:
         return name + b"\0" + _helper_class_bytes(kind)
     finally:
-        writing.discard(id(kind))
+        naming.classes.discard(id(kind))
 
 
 def _value_bytes(value: Any) -> bytes:

@@ -32,6 +32,7 @@ from somatize.catalog._code import _assignment, _class_body, _written_at
 from somatize.catalog._fingerprint import _FINGERPRINTS, fingerprint_of
 from somatize.catalog._functions import (
     _bound_objects,
+    _classes_reached,
     _closed_objects,
     _default_tables,
     _function_bytes,
@@ -301,8 +302,15 @@ def watch_code(
             if isinstance(member, type) and not _dunder(name) and not _left_out(member):
                 # `make = Double`
                 _watch_class(member, label, kind, lives, labels, marks, elsewhere)
+    bodies: set[int] = set(map(id, lineage))
+    for kind in lineage:  # `forward = scaled_by(Box)`: `Box.k = 3` since
+        for name, member in list(vars(kind).items()):
+            for closed in _classes_reached(_functions_in(member)):
+                if id(closed) not in bodies:
+                    bodies.add(id(closed))
+                    at = f"{kind.__qualname__}.{name}"
+                    _watch_class(closed, at, kind, lives, labels, marks, elsewhere)
     tables: set[int] = set()
-    bodies: set[int] = set()
     for kind in lineage:  # each table its code only reads, object of a helper class: marked
         found = _FINGERPRINTS.get(kind)
         for reads, name, was in found[1] if found is not None else ():
@@ -318,6 +326,10 @@ def watch_code(
                 if helper.__kwdefaults__:  # `helper.__kwdefaults__["by"] = 7`
                     lives.append(helper.__kwdefaults__)
                     labels.append(at)
+                for closed in _classes_reached([helper]):  # `SCALE = scaled_by(Box)`
+                    if id(closed) not in bodies:
+                        bodies.add(id(closed))
+                        _watch_class(closed, at, kind, lives, labels, marks, elsewhere)
             written = was.held() if isinstance(was, _ClassSeen) and named_classes else None
             if written is not None and id(written) not in bodies:  # `Config.by = 3` since
                 bodies.add(id(written))
