@@ -13,7 +13,7 @@ import contextlib
 import hashlib
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from types import (
     BuiltinFunctionType,
     CellType,
@@ -25,17 +25,26 @@ from typing import Any
 
 from somatize.catalog._bytecode import _LOCAL_LOADS, _cells_set_by, _tables_changed_by
 from somatize.catalog._code import _code_bytes, _constant_bytes, _source_of
-from somatize.catalog._held import _builtin_bytes, _contained_bytes, _held_bytes, _library_bytes
+from somatize.catalog._held import (
+    _builtin_bytes,
+    _contained_bytes,
+    _held_bytes,
+    _library_bytes,
+    _opaque_bytes,
+)
 from somatize.catalog._marks import _token_of, _version_of
 from somatize.catalog._members import (
     _CONTAINERS,
     _PARTIALS,
+    _dunder,
     _exactly_plain,
+    _functions_in,
     _left_out,
     _of_the_code,
     _of_the_standard_library,
     _plain,
     _put,
+    _read_through,
     _Same,
 )
 from somatize.catalog._project import qualified
@@ -414,6 +423,9 @@ class _Naming(threading.local):
         self.met = 0
         """How many times such a class was named, to tell a function's digest that reached
         none (:func:`_function_bytes`)."""
+        self.read: dict[int, tuple[type, Any]] | None = None
+        """What each class was read to hold (:func:`_class_now`) in the naming under way
+        (:func:`_one_reading`), where one is: none changes while it is named."""
 
 
 _NAMING = _Naming()
@@ -482,11 +494,82 @@ def _closed_class_bytes(kind: type) -> bytes:
     # imported here: naming a class's code names its functions, by this module
     from somatize.catalog._names import _helper_class_bytes
 
+    # kept only as named from outside any other such class, the same wherever it is asked
+    outermost = not naming.classes
+    with _one_reading():
+        now = _class_now(kind) if outermost else None
+    found = _CLASSES.get(kind) if outermost else None
+    if found is not None and found[0] == now:
+        return found[1]
     naming.classes.add(id(kind))
     try:
-        return name + b"\0" + _helper_class_bytes(kind)
+        written = name + b"\0" + _helper_class_bytes(kind)
     finally:
         naming.classes.discard(id(kind))
+    if outermost:
+        _CLASSES[kind] = (now, written)
+    return written
+
+
+_CLASSES: weakref.WeakKeyDictionary[type, tuple[Any, bytes]] = weakref.WeakKeyDictionary()
+"""A class a function closes over → what it held when it was named (:func:`_class_now`)
+and how it was named (:func:`_closed_class_bytes`): a class whose own methods close over
+it is named once, not once for each of them."""
+
+
+@contextlib.contextmanager
+def _one_reading() -> Iterator[None]:
+    """Reads each class a function closes over once (:func:`_class_now`) for what is named
+    inside: a class whose methods close over it is read once, not once for each."""
+    naming = _naming()
+    if naming.read is not None:
+        yield
+        return
+    naming.read = {}
+    try:
+        yield
+    finally:
+        naming.read = None
+
+
+def _class_now(kind: type) -> tuple[Any, ...]:
+    """What ``kind`` holds now (:func:`_class_read`), read once in a naming under way
+    (:func:`_one_reading`)."""
+    read = _naming().read
+    if read is None:
+        return _class_read(kind)
+    found = read.get(id(kind))
+    if found is None or found[0] is not kind:
+        found = read[id(kind)] = (kind, _class_read(kind))
+    return found[1]
+
+
+def _class_read(kind: type) -> tuple[Any, ...]:
+    """What ``kind`` and the classes its name reads through hold, read cheaply, to tell
+    that it is named as it was (:func:`_closed_class_bytes`): each member by which object it
+    is, a function also by its code, defaults and cells, any other object also by its mark
+    and how a class holding it names it — a value set in place (``Box.k = 3``), a method
+    given other code, a table or object changed in place since are each told."""
+    now: list[Any] = []
+    for above in _read_through(kind):
+        now.append(_Closed(above))
+        for name, member in list(vars(above).items()):
+            functions = _functions_in(member)
+            said: Any = None
+            if functions:
+                said = tuple(
+                    (
+                        _Same(f.__code__),
+                        _Same(f.__defaults__),
+                        tuple((k, _Closed(v)) for k, v in (f.__kwdefaults__ or {}).items()),
+                        _cells_now(f),
+                    )
+                    for f in functions
+                )
+            elif not (_plain(member) or isinstance(member, type) or _dunder(name)):
+                said = (_version_of(member), _opaque_bytes(member))
+            now.append((name, _Closed(member), said))
+    return tuple(now)
 
 
 def _value_bytes(value: Any) -> bytes:

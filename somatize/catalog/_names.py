@@ -56,6 +56,7 @@ from somatize.catalog._functions import (
     _held_functions,
     _made_function_bytes,
     _made_of,
+    _one_reading,
 )
 from somatize.catalog._held import (
     _HOLDERS,
@@ -577,7 +578,8 @@ def _helper_class_bytes(kind: type) -> bytes:
     seen (:func:`_sighted`), an object as a node's class names it (:func:`_opaque_bytes`) —
     so that another set in its place, or one changed in place between forwards
     (``Helper.table["k"] = 3``), is other code."""
-    code = _class_code(kind)
+    with _one_reading():  # a class its methods close over, read once for all of them
+        code = _class_code(kind)
     held = []
     for above, name, member in _class_objects(kind):
         where = f"{above.__qualname__}.{name}"
