@@ -552,6 +552,49 @@ def test_a_class_a_function_closes_over_given_another_value_in_place_is_seen(
     assert _three_forwards(graph(), store, "h", 2) == ["recalled", "recalled", "recalled"]
 
 
+_CLOSES_OVER_A_CLASS_HOLDING_A_TABLE = """
+from somatize import Node
+
+class Box:
+    table = {"k": 2}
+
+    def by(self):
+        return 1
+
+def scaled_by(kind):
+    def scale(x):
+        return x * kind.table["k"] * kind().by()
+    return scale
+
+SCALE = scaled_by(Box)
+
+class Scaled(Node):
+    def forward(self, x, ctx):
+        return SCALE(x)
+"""
+
+
+def test_a_table_or_method_of_a_class_a_helper_closes_over_changed_in_place_is_seen(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A table of a class a helper closes over changed in place (``Box.table["k"] = 3``),
+    then a method set on it (``Box.by = ...``), is other code at the next forward of a
+    graph built before and of one built after: strict=True computes with it each time."""
+    loaded = _load(tmp_path / "fingerprinted.py", _CLOSES_OVER_A_CLASS_HOLDING_A_TABLE, monkeypatch)
+
+    def graph() -> Graph:
+        return Graph.somatize(loaded.Scaled().named("h").frozen().cached())
+
+    built = graph()
+    assert _three_forwards(built, store, "h", 2) == ["ran", "recalled", "recalled"]
+    loaded.Box.table["k"] = 3
+    assert _three_forwards(built, store, "h", 3) == ["ran", "recalled", "recalled"]
+    assert _three_forwards(graph(), store, "h", 3) == ["recalled", "recalled", "recalled"]
+    monkeypatch.setattr(loaded.Box, "by", lambda self: 5)
+    assert _three_forwards(built, store, "h", 15) == ["ran", "recalled", "recalled"]
+    assert _three_forwards(graph(), store, "h", 15) == ["recalled", "recalled", "recalled"]
+
+
 _SHARED_DECORATORS = """
 import functools
 
