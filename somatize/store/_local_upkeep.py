@@ -301,7 +301,7 @@ class LocalShelf(LocalFiles):
         if why.errno not in (errno.EACCES, errno.EPERM):
             raise self._unremoved(section, name, why) from why
         with self._lock:
-            self._passed[f"{section}/{name}"] = os.strerror(why.errno)
+            self._sweeps.passed[f"{section}/{name}"] = os.strerror(why.errno)
 
     def _unremoved(self, section: str, name: str, why: OSError) -> StoreError:
         if why.errno == errno.EXDEV:

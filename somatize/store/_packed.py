@@ -518,6 +518,21 @@ class Claims(list[str]):
         """Blob → its bytes, for each blob the put found there and did not write."""
 
 
+@dataclasses.dataclass(slots=True)
+class _Sweeps:
+    """What the gcs of one store object running now are doing, guarded by its lock."""
+
+    removing: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Blob → how many gcs of this object are removing it now: a put of it waits."""
+    released: list[set[str]] = dataclasses.field(default_factory=list)
+    """For each gc of this object running now, the blobs its writes claimed and let go of
+    since that gc began: what refers to them was published meanwhile, maybe after that gc
+    read the records, so it leaves them."""
+    passed: dict[str, str] = dataclasses.field(default_factory=dict)
+    """``section/name`` → why, of each file a gc of this object could not remove for want
+    of permission and went past (:meth:`PackedHome._passed_over`)."""
+
+
 def _read_only_store(kind: type[PackedHome]) -> PackedHome:
     """A store opened ``read_only=True``, made empty for its pickle's state
     (:meth:`PackedHome.__reduce_ex__`)."""
@@ -567,9 +582,7 @@ class PackedHome(Spills, Store):
             "_swept",
             "_writing",
             "_claims",
-            "_sweeping",
-            "_released",
-            "_passed",
+            "_sweeps",
             "_uses_since",
             *self._read_so_far,
         ):
@@ -604,15 +617,8 @@ class PackedHome(Spills, Store):
         self._claims: dict[str, int] = {}
         """Blob → how many keeps of this object put it and have yet to publish what refers
         to it: its gc leaves it."""
-        self._sweeping: dict[str, int] = {}
-        """Blob → how many gcs of this object are removing it now: a put of it waits."""
-        self._released: list[set[str]] = []
-        """For each gc of this object running now, the blobs its writes claimed and let go
-        of since that gc began: what refers to them was published meanwhile, maybe after
-        that gc read the records, so it leaves them."""
-        self._passed: dict[str, str] = {}
-        """``section/name`` → why, of each file a gc of this object could not remove for
-        want of permission and went past (:meth:`_passed_over`)."""
+        self._sweeps = _Sweeps()
+        """What the gcs of this object running now are removing, let go of and went past."""
         _HOMES.add(self)
 
     def _held_here(self) -> bool:
@@ -890,7 +896,7 @@ class PackedHome(Spills, Store):
         made); waits while a gc of this object is removing it, so the put that follows
         finds it gone and writes it afresh."""
         with self._lock:
-            while digest in self._sweeping:
+            while digest in self._sweeps.removing:
                 self._swept.wait()
             self._claims[digest] = self._claims.get(digest, 0) + 1
         claims.append(digest)
@@ -901,7 +907,7 @@ class PackedHome(Spills, Store):
         if claims:
             with self._lock:
                 _let_go(self._claims, claims)
-                for released in self._released:
+                for released in self._sweeps.released:
                     released.update(claims)
 
     @contextlib.contextmanager
@@ -910,19 +916,21 @@ class PackedHome(Spills, Store):
         (:meth:`_unclaim`), once their record or index is out, are not removed by it."""
         released: set[str] = set()
         with self._lock:
-            self._released.append(released)
+            self._sweeps.released.append(released)
         try:
             yield
         finally:
             with self._lock:  # by identity: another gc's set may hold the same blobs
-                self._released = [other for other in self._released if other is not released]
+                self._sweeps.released = [
+                    other for other in self._sweeps.released if other is not released
+                ]
 
     def _passed_over(self) -> dict[str, str]:
         """The files a gc could not remove for want of permission and went past since it
         last asked (``section/name`` → why), forgotten as they are handed over. A home that
         stops at such a file (a bucket whose deletes are refused) hands over none."""
         with self._lock:
-            passed, self._passed = self._passed, {}
+            passed, self._sweeps.passed = self._sweeps.passed, {}
         return passed
 
     def _own_writes(self) -> set[str]:
@@ -936,15 +944,15 @@ class PackedHome(Spills, Store):
         of it began (:meth:`_collecting`): a gc removes them in the block, and a put of one
         of them waits until it ends."""
         with self._lock:
-            released = set().union(*self._released)
+            released = set().union(*self._sweeps.released)
             free = {d for d in digests if d not in self._claims and d not in released}
             for digest in free:
-                self._sweeping[digest] = self._sweeping.get(digest, 0) + 1
+                self._sweeps.removing[digest] = self._sweeps.removing.get(digest, 0) + 1
         try:
             yield free
         finally:
             with self._lock:
-                _let_go(self._sweeping, free)
+                _let_go(self._sweeps.removing, free)
                 self._swept.notify_all()
 
     # -- writing ------------------------------------------------------------------------------
