@@ -190,9 +190,15 @@ def _looked_at_refused(graph: Graph, name: str, watch: Callable[[], str | None])
     settled at again where it holds that state again (weights loaded back from the settled
     state): the same values give the same answers. It is asked only once the watch taken
     when it was last found changed finds it touched since, so that a refused node left as
-    it is costs no digest at each forward; still changed, it is watched afresh from here."""
+    it is costs no digest at each forward (one holding gradients, one digest of its values);
+    still changed, it is watched afresh from here."""
     settled, since = graph._refused_settled.get(name, (None, None))
     if settled is None or since is None or since() is None:
+        return
+    # Only gradients touched (held at each forward once stepped): values as they were when
+    # refused, it is refused still, and is not asked its state at each forward.
+    weighed_again = getattr(since, "weighed_again", None)
+    if weighed_again is not None and weighed_again():
         return
     fresh = settled_watch(graph.node(name))
     if _holds_settled(graph.node(name), settled, watch, fresh) is None:

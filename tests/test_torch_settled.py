@@ -144,20 +144,25 @@ class PredictAsked(Predict):
         return super().settled_state()
 
 
-def test_weights_put_back_go_on_and_never_poison_the_old_key(store: Store) -> None:
+@_each("change", [_add_in_place, _optimizer_step])
+def test_weights_put_back_go_on_and_never_poison_the_old_key(
+    change: Callable[[Predict], None], store: Store
+) -> None:
     """Weights changed since ``settle(g)`` and then loaded back from the settled state go on
     (the same values give the same answers): the node recalls what the settled weights
     computed, and changed again it is refused again. Refused, it is not asked its state at
     a forward that finds nothing touched, and nothing is kept under the settled key. They
-    stayed refused until ``settle(g)``."""
+    stayed refused until ``settle(g)``. A step that leaves its gradients on the weights (a
+    loop calling ``zero_grad()`` before ``backward()``) is no touch at each forward after
+    it: the node was asked at each."""
     node = PredictAsked().identified("tests.test_torch_settled:PredictAsked")
     g = _graph(node)
     span = {"at": 3, "take": 2}
     kept = g.forward(span, store=store)
     settled = copy.deepcopy(node.encoder.state_dict())
-    _add_in_place(node)
+    change(node)
     _ASKED.clear()
-    for _ in range(2):
+    for _ in range(3):
         with pytest.raises(NotSettled):
             g.forward(span, store=store)
     assert len(_ASKED) == 1  # asked once, at the change
