@@ -25,7 +25,9 @@ from somatize_torch._modes import marked_as_needed, outside_compiled
 
 __all__ = ["see_optimizer_steps"]
 
-_hooked = False
+# Kept through a reload of this module in place (IPython's autoreload): the hook registered
+# before it stays registered, and a second would count each step twice, at twice the cost.
+_hooked: bool = globals().get("_hooked", False)
 
 
 def _count_step(optimizer: torch.optim.Optimizer) -> None:

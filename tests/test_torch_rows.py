@@ -1519,6 +1519,38 @@ def test_a_module_fine_tuned_by_an_optimizer_moving_no_version_is_computed_anew(
     cached.close()
 
 
+_STEPPED_AROUND_A_RELOAD = """
+import importlib, torch, somatize.torch
+from somatize_torch import _steps
+
+def moved():
+    weight = torch.nn.Parameter(torch.zeros(2))
+    weight.grad = torch.ones(2)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    was = weight._version
+    optimizer.step()
+    return weight._version - was
+
+first = moved()
+importlib.reload(_steps)
+_steps.see_optimizer_steps()
+print(first, moved())
+"""
+
+
+def test_an_optimizer_step_is_counted_once_after_the_library_is_reloaded() -> None:
+    """Reloaded in place (IPython's autoreload), the library registers no second hook on
+    optimizer steps: each step moves each weight's counter by as much as before, at the
+    same cost."""
+    done = subprocess.run(
+        [sys.executable, "-c", _STEPPED_AROUND_A_RELOAD], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    first, after = done.stdout.split()
+    assert int(first) > 1  # torch's own step, and the library's count
+    assert after == first
+
+
 @pytest.mark.parametrize("handed", ["leaves", "computed"])
 def test_weights_that_require_grad_handed_by_functional_call_are_refused_and_left_alone(
     store: Store, handed: str
