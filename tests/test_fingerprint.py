@@ -595,6 +595,59 @@ def test_a_table_or_method_of_a_class_a_helper_closes_over_changed_in_place_is_s
     assert _three_forwards(graph(), store, "h", 15) == ["recalled", "recalled", "recalled"]
 
 
+_INSTALLED_BOX = """
+class Unset:
+    def __eq__(self, other):
+        return other is self
+
+    __hash__ = object.__hash__
+
+
+UNSET = Unset()
+
+
+class Box:
+    k = 2
+
+    def scaled(self, x, *, by=UNSET):
+        return x * self.k
+"""
+
+_CLOSES_OVER_AN_INSTALLED_CLASS = """
+from somatize import Node
+from boxes_lib.box import Box
+
+def made_with(kind):
+    def make(x):
+        return kind().scaled(x)
+    return make
+
+MAKE = made_with(Box)
+
+class MadeWithBox(Node):
+    def forward(self, x, ctx):
+        return MAKE(x)
+"""
+
+
+def test_a_class_of_an_installed_package_holding_a_sentinel_is_one_fingerprint_everywhere(
+    tmp_path: Path,
+) -> None:
+    """A class of an installed package a helper closes over is named by its name, as a
+    helper of such a package is: upgraded, it leaves the fingerprint as it was, and one
+    whose code holds what no name says (a sentinel default, as pydantic's models hold) is
+    the same fingerprint in every process. It was named by its code: another fingerprint in
+    each process, so nothing was ever recalled."""
+    project, shared = _shared_checkout(
+        tmp_path, _CLOSES_OVER_AN_INSTALLED_CLASS, "boxes_lib", box=_INSTALLED_BOX
+    )
+    _installed(shared, "boxes_lib")
+    first = _fingerprints_in(project, "shared_nodes", "MadeWithBox", also=(shared,))
+    assert _fingerprints_in(project, "shared_nodes", "MadeWithBox", also=(shared,)) == first
+    _write(shared / "boxes_lib" / "box.py", _INSTALLED_BOX.replace("k = 2", "k = 3"))
+    assert _fingerprints_in(project, "shared_nodes", "MadeWithBox", also=(shared,)) == first
+
+
 _SHARED_DECORATORS = """
 import functools
 

@@ -341,6 +341,12 @@ def _of_the_code(defined: Any, module: str) -> bool:
         return False
     if defined == module or _same_package(defined, module):
         return True
+    return _users_module(defined)
+
+
+def _users_module(defined: str) -> bool:
+    """Whether the module ``defined`` is the user's code, wherever it lies: not the
+    library's nor an installed package's, whose upgrade would drift every answer."""
     top = main_named(defined.partition(".")[0])
     return not _library_module(top) and project_of(top) is not None
 
