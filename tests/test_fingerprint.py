@@ -622,11 +622,19 @@ def made_with(kind):
         return kind().scaled(x)
     return make
 
+class Bigger(Box):
+    k = 3
+
 MAKE = made_with(Box)
+MAKE_BIGGER = made_with(Bigger)
 
 class MadeWithBox(Node):
     def forward(self, x, ctx):
         return MAKE(x)
+
+class MadeWithBigger(Node):
+    def forward(self, x, ctx):
+        return MAKE_BIGGER(x)
 """
 
 
@@ -636,16 +644,18 @@ def test_a_class_of_an_installed_package_holding_a_sentinel_is_one_fingerprint_e
     """A class of an installed package a helper closes over is named by its name, as a
     helper of such a package is: upgraded, it leaves the fingerprint as it was, and one
     whose code holds what no name says (a sentinel default, as pydantic's models hold) is
-    the same fingerprint in every process. It was named by its code: another fingerprint in
-    each process, so nothing was ever recalled."""
+    the same fingerprint in every process. So is a class of the node's package deriving
+    from it (a pydantic model of one's own). They were named by their code: another
+    fingerprint in each process, so nothing was ever recalled."""
     project, shared = _shared_checkout(
         tmp_path, _CLOSES_OVER_AN_INSTALLED_CLASS, "boxes_lib", box=_INSTALLED_BOX
     )
     _installed(shared, "boxes_lib")
-    first = _fingerprints_in(project, "shared_nodes", "MadeWithBox", also=(shared,))
-    assert _fingerprints_in(project, "shared_nodes", "MadeWithBox", also=(shared,)) == first
-    _write(shared / "boxes_lib" / "box.py", _INSTALLED_BOX.replace("k = 2", "k = 3"))
-    assert _fingerprints_in(project, "shared_nodes", "MadeWithBox", also=(shared,)) == first
+    kinds = ("MadeWithBox", "MadeWithBigger")
+    first = _fingerprints_in(project, "shared_nodes", *kinds, also=(shared,))
+    assert _fingerprints_in(project, "shared_nodes", *kinds, also=(shared,)) == first
+    _write(shared / "boxes_lib" / "box.py", _INSTALLED_BOX.replace("k = 2", "k = 4"))
+    assert _fingerprints_in(project, "shared_nodes", *kinds, also=(shared,)) == first
 
 
 _SHARED_DECORATORS = """

@@ -440,8 +440,13 @@ def _written_class(kind: type, module: str) -> bool:
     """Whether ``kind``, a class a function of ``module`` closes over, is named by how it
     is written (:func:`_closed_class_bytes`): one of the user's code (:func:`_of_the_code`:
     of that module's package, or of one not installed), not torch's, the standard
-    library's nor an installed package's, whose upgrade would drift every answer."""
-    return not _left_out(kind) and _of_the_code(kind.__module__, module)
+    library's nor an installed package's, whose upgrade would drift every answer. One
+    deriving from an installed package's class (a pydantic model of one's own) is named by
+    its name too: what that class's code holds need not be named alike in every process
+    (pydantic's sentinel defaults)."""
+    if _left_out(kind):
+        return False
+    return all(_of_the_code(above.__module__, module) for above in _read_through(kind))
 
 
 def _closed_classes(function: FunctionType) -> list[type]:
