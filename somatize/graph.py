@@ -506,6 +506,13 @@ class Graph:
         a forward found it changed; None otherwise."""
         return self._changed_since_settled.get(name)
 
+    def settled_with(self, name: str) -> tuple[str | None, Callable[[], str | None] | None]:
+        """The digest ``name`` was last settled at by its ``settled_state()`` (refused since
+        or not), with the watch taken then; None for either this graph does not hold."""
+        refused = self._refused_settled.get(name)
+        state = refused[0] if refused is not None else self.memory.state_of(name)
+        return state, self._settled_watches.get(name)
+
     def watch_settled(self, name: str, watch: Callable[[], str | None] | None) -> None:
         """Watches what ``name`` holds with ``watch`` (taken as it was settled), from its
         next forward on; None: nothing it holds is watched."""

@@ -15,7 +15,7 @@ from torch import nn
 
 import somatize.torch as smt
 from somatize import Graph, Node, NotSettled, Store
-from somatize.data import settle
+from somatize.data import SameDigestOtherValues, settle
 
 
 class Span(Node):
@@ -400,6 +400,59 @@ def _refused_for_other_values(
     with pytest.raises(NotSettled, match=r"other values.*settle\(g\)` again"):
         g.forward(span, store=store)
     return g
+
+
+class Scaled(Predict):
+    """The docs' recipe over a module reading a buffer ``state_dict()`` leaves out
+    (``persistent=False``): its ``settled_state()`` does not hear that buffer change."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder.register_buffer("scale", torch.ones(2), persistent=False)
+
+    def forward(self, x: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return super().forward(x, ctx) * self.encoder.scale
+
+
+def _scale_written(node: Predict) -> None:
+    with torch.no_grad():
+        node.encoder.scale.add_(1.0)
+
+
+@pytest.mark.parametrize(
+    ("node", "change"),
+    [(LoadedOnce(), _add_in_place), (Scaled(), _scale_written)],
+    ids=["digest-worked-out-once", "buffer-not-in-state-dict"],
+)
+def test_settling_again_at_the_same_digest_with_other_values_is_refused(
+    store: Store, node: Predict, change: Callable[[Predict], None]
+) -> None:
+    """A node refused for values its ``settled_state()`` does not hear was settled again at
+    the very digest it had: its next forward recalled the old values' answer. ``settle``
+    refuses it, saying to digest what the forward reads, and the node stays refused."""
+    node = node.identified(f"tests.test_torch_settled:{type(node).__name__}")
+    g = _graph(node)
+    span = {"at": 5, "take": 2}
+    g.forward(span, store=store)
+    change(node)
+    with pytest.raises(NotSettled, match="other values"):
+        g.forward(span, store=store)
+    with pytest.raises(SameDigestOtherValues, match=r"digest_state\(self.encoder\)"):
+        settle(g)
+    with pytest.raises(NotSettled):
+        g.forward(span, store=store)
+
+
+def test_settling_again_at_once_at_the_same_digest_with_other_values_is_refused(
+    store: Store,
+) -> None:
+    """So too where it is settled again before any forward saw the change."""
+    node = Scaled().identified("tests.test_torch_settled:Scaled")
+    g = _graph(node)
+    g.forward({"at": 5, "take": 2}, store=store)
+    _scale_written(node)
+    with pytest.raises(SameDigestOtherValues):
+        settle(g)
 
 
 def test_a_gradient_written_at_every_step_asks_the_node_nothing(store: Store) -> None:

@@ -41,7 +41,7 @@ from somatize.data.frame import (
 )
 from somatize.data.parquet import NotParquet, Parquet
 from somatize.data.parquet_dir import DatasetChanged, ParquetDir
-from somatize.data.settle import NotADigest, Settles, settle
+from somatize.data.settle import NotADigest, SameDigestOtherValues, Settles, settle
 from somatize.data.sources import Stream, Table, TooManyRows, Unfreezable
 
 CODECS.register(ArrowCodec())
@@ -62,6 +62,7 @@ __all__ = [
     "NotPlain",
     "Parquet",
     "ParquetDir",
+    "SameDigestOtherValues",
     "Settles",
     "Stream",
     "Table",

@@ -32,7 +32,7 @@ from somatize.data.errors import DataError
 from somatize.graph import Graph
 from somatize.node import settled_watch
 
-__all__ = ["NotADigest", "Settles", "settle"]
+__all__ = ["NotADigest", "SameDigestOtherValues", "Settles", "settle"]
 
 _DIGEST = re.compile(r"blake3:[0-9a-f]{64}")
 
@@ -40,6 +40,12 @@ _DIGEST = re.compile(r"blake3:[0-9a-f]{64}")
 class NotADigest(DataError, TypeError):
     """A ``settled_state()`` that answered something other than a ``blake3:<64 hex>``
     digest."""
+
+
+class SameDigestOtherValues(DataError, ValueError):
+    """A ``settled_state()`` that says the digest it was settled at before while the weights
+    the node keeps hold other values: settled so, the answers of the old values would be
+    recalled for the new ones."""
 
 
 @runtime_checkable
@@ -74,10 +80,30 @@ def settle(g: Graph) -> dict[str, str]:
             # Taken first: a change made while its state is worked out is seen next.
             watches[name] = settled_watch(node)
             done[name] = _checked(name, node, node.settled_state())
+            _refuse_unheard(g, name, done[name], watches[name])
     for name, state in done.items():  # all or nothing: none is settled if one answers wrong
         memory.freeze(name, state)
         g.watch_settled(name, watches[name])
     return done
+
+
+def _refuse_unheard(g: Graph, name: str, state: str, watch: Any) -> None:
+    """Raises SameDigestOtherValues where ``name``'s ``settled_state()`` says the digest it was
+    settled at before while what it keeps, as ``watch`` finds it, holds other values than
+    then: a buffer left out of ``state_dict()`` (``persistent=False``), or a digest worked
+    out once, does not hear the change, and its old answers would be recalled."""
+    before, watched = g.settled_with(name)
+    holds_as = getattr(watched, "holds_as", None)
+    if before != state or holds_as is None or holds_as(watch):
+        return
+    raise SameDigestOtherValues(
+        f"`{name}`.settled_state() says {state}, the digest it was settled at before, yet "
+        "the weights and buffers it keeps hold other values than then. Settled so, the "
+        "answers kept for the old values would be recalled for the new ones. Make "
+        "`settled_state()` digest everything the forward reads: "
+        "`somatize.torch.digest_state(self.encoder)` digests every weight and buffer, those "
+        "`state_dict()` leaves out (`persistent=False`) too"
+    )
 
 
 def _checked(name: str, node: Any, state: Any) -> str:
