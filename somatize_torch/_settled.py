@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+import blake3
 import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
@@ -203,15 +204,19 @@ class KeptWeightsWatch:
 
 
 def _values_of(node: Any) -> str:
-    """The digest of the values of the weights ``node`` keeps, wherever they live."""
+    """The digest of the values of the weights ``node`` keeps, wherever they live, with the
+    structure of each module kept as ``repr`` shows it: a part with no weights put in place
+    of one (``nn.ReLU`` for ``nn.Tanh``) changes no weight, yet the answers."""
     named: dict[str, torch.Tensor] = {}
+    structure: list[str] = []
     for at, (name, _, part) in enumerate(kept_weights(node)):
         if isinstance(part, nn.Module):
             held = [*part.named_parameters(), *part.named_buffers()]
+            structure.append(repr(part))
         else:
             held = [("", part)]
         named.update((f"{at}.{name}.{inner}", t.detach()) for inner, t in held)
-    return digest_named(named)
+    return digest_named(named) + " " + blake3.blake3("\n".join(structure).encode()).hexdigest()
 
 
 def _kept_parameters(node: Any) -> Iterator[torch.Tensor]:

@@ -233,6 +233,29 @@ def test_a_module_put_in_place_of_the_one_settled_is_refused(store: Store) -> No
         g.forward(span, store=store)
 
 
+class Activated(Predict):
+    """The docs' recipe over a module with a part that has no weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(4, 2), nn.Tanh())
+
+
+def test_a_part_without_weights_put_in_place_of_one_is_refused(store: Store) -> None:
+    """``nn.ReLU`` put in place of the settled module's ``nn.Tanh`` leaves every weight as
+    it was, and its ``settled_state()`` the same: the next forward recalled the answer the
+    Tanh gave. It is refused, as a module put in place of one is."""
+    node = Activated().identified("tests.test_torch_settled:Activated")
+    g = _graph(node)
+    span = {"at": 4, "take": 3}
+    g.forward(span, store=store)
+    node.encoder[1] = nn.ReLU()
+    with pytest.raises(NotSettled, match="other values"):
+        g.forward(span, store=store)
+    node.encoder[1] = nn.Tanh()
+    assert torch.equal(g.forward(span, store=store), _truth(g, span))
+
+
 @pytest.mark.parametrize("copied", ["deepcopy", "pickle"])
 def test_a_copied_graph_watches_its_own_weights(store: Store, copied: str) -> None:
     """A copy of a settled graph watches the copy's weights, and one copied after the

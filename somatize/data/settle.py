@@ -102,7 +102,8 @@ def _refuse_unheard(g: Graph, name: str, state: str, watch: Any) -> None:
         "answers kept for the old values would be recalled for the new ones. Make "
         "`settled_state()` digest everything the forward reads: "
         "`somatize.torch.digest_state(self.encoder)` digests every weight and buffer, those "
-        "`state_dict()` leaves out (`persistent=False`) too"
+        "`state_dict()` leaves out (`persistent=False`) too. A part with no weights put in "
+        "place of one (`nn.ReLU` for `nn.Tanh`) is told by `repr(self.encoder)` alone"
     )
 
 
