@@ -26,7 +26,9 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from somatize import canonical
 from somatize.node import UNSET, attributes_of, tells_state
+from somatize_torch._settings import SettingsWatch, settings_of
 from somatize_torch._state import StateWatch
 from somatize_torch.digest import digest_named
 
@@ -94,7 +96,16 @@ class KeptWeightsWatch:
     (``copy.deepcopy`` of the graph, a pickle) watches the copy's weights, equal to the
     original's when copied, and says changed where the original's had."""
 
-    __slots__ = ("__weakref__", "_changed", "_graded", "_heard", "_kept", "_node", "_values")
+    __slots__ = (
+        "__weakref__",
+        "_changed",
+        "_graded",
+        "_heard",
+        "_kept",
+        "_node",
+        "_settings",
+        "_values",
+    )
 
     def __init__(self, node: Any, changed: str | None = None, values: str | None = None) -> None:
         self._node = node
@@ -109,6 +120,14 @@ class KeptWeightsWatch:
         self._kept = [
             (name, value, _items(value) if isinstance(value, (list, tuple, dict)) else None, parts)
             for name, (value, parts) in kept.items()
+        ]
+        # The values its parts keep beside their weights (a BatchNorm's `eps`), which the
+        # weights' watches do not see and a `settled_state()` of weights does not hear.
+        self._settings = [
+            (name, SettingsWatch(part))
+            for name, (_, parts) in kept.items()
+            for part, _ in parts
+            if isinstance(part, nn.Module)
         ]
         self._graded = _holds_gradients(node)
         self._heard: list[RemovableHandle] = []
@@ -150,6 +169,12 @@ class KeptWeightsWatch:
                         f"`self.{name}`, {what}, changed (a weight or buffer changed in place: "
                         "an optimizer step, `load_state_dict`; or one was replaced)"
                     )
+        for name, settings in self._settings:
+            if settings.changed():
+                return (
+                    f"`self.{name}`, an nn.Module, changed (a value one of its parts keeps "
+                    "beside its weights was set, or a hook registered or removed)"
+                )
         if self._graded:
             # A fused optimizer (`AdamW(fused=True)`) steps a weight holding a gradient
             # without moving its version counter: only its values tell.
@@ -205,18 +230,19 @@ class KeptWeightsWatch:
 
 def _values_of(node: Any) -> str:
     """The digest of the values of the weights ``node`` keeps, wherever they live, with the
-    structure of each module kept as ``repr`` shows it: a part with no weights put in place
-    of one (``nn.ReLU`` for ``nn.Tanh``) changes no weight, yet the answers."""
+    structure of each module kept as ``repr`` shows it and the values its parts keep beside
+    their weights: a part with no weights put in place of one (``nn.ReLU`` for ``nn.Tanh``),
+    or a BatchNorm's ``eps`` set, changes no weight, yet the answers."""
     named: dict[str, torch.Tensor] = {}
-    structure: list[str] = []
+    structure: list[bytes] = []
     for at, (name, _, part) in enumerate(kept_weights(node)):
         if isinstance(part, nn.Module):
             held = [*part.named_parameters(), *part.named_buffers()]
-            structure.append(repr(part))
+            structure.append(repr(part).encode() + canonical.encode(settings_of(part)))
         else:
             held = [("", part)]
         named.update((f"{at}.{name}.{inner}", t.detach()) for inner, t in held)
-    return digest_named(named) + " " + blake3.blake3("\n".join(structure).encode()).hexdigest()
+    return digest_named(named) + " " + blake3.blake3(b"\n".join(structure)).hexdigest()
 
 
 def _kept_parameters(node: Any) -> Iterator[torch.Tensor]:

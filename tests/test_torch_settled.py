@@ -256,6 +256,29 @@ def test_a_part_without_weights_put_in_place_of_one_is_refused(store: Store) -> 
     assert torch.equal(g.forward(span, store=store), _truth(g, span))
 
 
+class Normed(Predict):
+    """The docs' recipe over a module in eval whose BatchNorm reads ``eps``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(4, 2), nn.BatchNorm1d(2)).eval()
+
+
+def test_a_value_a_part_keeps_set_anew_is_refused(store: Store) -> None:
+    """``eps`` set on the settled module's BatchNorm changes no weight, and its
+    ``settled_state()`` says the same: the next forward recalled the answer of the old
+    ``eps``. It is refused; set back, the node goes on."""
+    node = Normed().identified("tests.test_torch_settled:Normed")
+    g = _graph(node)
+    span = {"at": 6, "take": 3}
+    g.forward(span, store=store)
+    node.encoder[1].eps = 0.5
+    with pytest.raises(NotSettled, match="other values"):
+        g.forward(span, store=store)
+    node.encoder[1].eps = 1e-5
+    assert torch.equal(g.forward(span, store=store), _truth(g, span))
+
+
 @pytest.mark.parametrize("copied", ["deepcopy", "pickle"])
 def test_a_copied_graph_watches_its_own_weights(store: Store, copied: str) -> None:
     """A copy of a settled graph watches the copy's weights, and one copied after the

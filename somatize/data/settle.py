@@ -103,7 +103,9 @@ def _refuse_unheard(g: Graph, name: str, state: str, watch: Any) -> None:
         "`settled_state()` digest everything the forward reads: "
         "`somatize.torch.digest_state(self.encoder)` digests every weight and buffer, those "
         "`state_dict()` leaves out (`persistent=False`) too. A part with no weights put in "
-        "place of one (`nn.ReLU` for `nn.Tanh`) is told by `repr(self.encoder)` alone"
+        "place of one (`nn.ReLU` for `nn.Tanh`), or a value a part keeps beside its "
+        "weights (a BatchNorm's `eps`), changes no digest of weights: name it in the digest "
+        "too (`repr(self.encoder)` shows both)"
     )
 
 
