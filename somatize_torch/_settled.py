@@ -17,6 +17,7 @@ once more (loaded back), when it goes on.
 
 from __future__ import annotations
 
+import operator
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -103,7 +104,9 @@ class KeptWeightsWatch:
         "_heard",
         "_kept",
         "_node",
+        "_parts",
         "_settings",
+        "_training",
         "_values",
     )
 
@@ -129,6 +132,10 @@ class KeptWeightsWatch:
             for part, _ in parts
             if isinstance(part, nn.Module)
         ]
+        # Each part's mode: put in train mode, a dropout draws and a BatchNorm reads the
+        # batch, though no weight changed.
+        self._parts = [part for _, _, part in _kept_modules(node) for part in part.modules()]
+        self._training = tuple(map(_TRAINING, self._parts))
         self._graded = _holds_gradients(node)
         self._heard: list[RemovableHandle] = []
         weakref.finalize(self, _removed, self._heard)
@@ -169,6 +176,8 @@ class KeptWeightsWatch:
                         f"`self.{name}`, {what}, changed (a weight or buffer changed in place: "
                         "an optimizer step, `load_state_dict`; or one was replaced)"
                     )
+        if tuple(map(_TRAINING, self._parts)) != self._training:
+            return "an nn.Module it keeps, or a part of it, was put in another mode (`train()`)"
         for name, settings in self._settings:
             if settings.changed():
                 return (
@@ -230,19 +239,29 @@ class KeptWeightsWatch:
 
 def _values_of(node: Any) -> str:
     """The digest of the values of the weights ``node`` keeps, wherever they live, with the
-    structure of each module kept as ``repr`` shows it and the values its parts keep beside
-    their weights: a part with no weights put in place of one (``nn.ReLU`` for ``nn.Tanh``),
-    or a BatchNorm's ``eps`` set, changes no weight, yet the answers."""
+    structure of each module kept as ``repr`` shows it, the values its parts keep beside
+    their weights and their modes: a part with no weights put in place of one (``nn.ReLU``
+    for ``nn.Tanh``), a BatchNorm's ``eps`` set, or a part put in train mode changes no
+    weight, yet the answers."""
     named: dict[str, torch.Tensor] = {}
     structure: list[bytes] = []
     for at, (name, _, part) in enumerate(kept_weights(node)):
         if isinstance(part, nn.Module):
             held = [*part.named_parameters(), *part.named_buffers()]
-            structure.append(repr(part).encode() + canonical.encode(settings_of(part)))
+            modes = [sub.training for sub in part.modules()]
+            structure.append(repr(part).encode() + canonical.encode([settings_of(part), modes]))
         else:
             held = [("", part)]
         named.update((f"{at}.{name}.{inner}", t.detach()) for inner, t in held)
     return digest_named(named) + " " + blake3.blake3(b"\n".join(structure)).hexdigest()
+
+
+_TRAINING = operator.attrgetter("training")
+
+
+def _kept_modules(node: Any) -> Iterator[tuple[str, Any, nn.Module]]:
+    """Each module among the weights ``node`` keeps (:func:`kept_weights`)."""
+    return ((n, v, p) for n, v, p in kept_weights(node) if isinstance(p, nn.Module))
 
 
 def _kept_parameters(node: Any) -> Iterator[torch.Tensor]:

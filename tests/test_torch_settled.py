@@ -279,6 +279,29 @@ def test_a_value_a_part_keeps_set_anew_is_refused(store: Store) -> None:
     assert torch.equal(g.forward(span, store=store), _truth(g, span))
 
 
+class Dropped(Predict):
+    """The docs' recipe over a module in eval holding a dropout."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Linear(4, 2), nn.Dropout(0.5)).eval()
+
+
+def test_a_module_put_in_another_mode_is_refused(store: Store) -> None:
+    """The settled module put in train mode answers otherwise (its dropout draws), with
+    the same weights and ``settled_state()``: the next forward recalled the answer it gave
+    in eval. It is refused; put back in eval, the node goes on."""
+    node = Dropped().identified("tests.test_torch_settled:Dropped")
+    g = _graph(node)
+    span = {"at": 8, "take": 3}
+    g.forward(span, store=store)
+    node.encoder.train()
+    with pytest.raises(NotSettled, match="other values"):
+        g.forward(span, store=store)
+    node.encoder.eval()
+    assert torch.equal(g.forward(span, store=store), _truth(g, span))
+
+
 @pytest.mark.parametrize("copied", ["deepcopy", "pickle"])
 def test_a_copied_graph_watches_its_own_weights(store: Store, copied: str) -> None:
     """A copy of a settled graph watches the copy's weights, and one copied after the
