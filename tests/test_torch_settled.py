@@ -234,71 +234,46 @@ def test_a_module_put_in_place_of_the_one_settled_is_refused(store: Store) -> No
 
 
 class Activated(Predict):
-    """The docs' recipe over a module with a part that has no weights."""
+    """The docs' recipe over a module in eval with a part that has no weights, a BatchNorm
+    reading ``eps`` and a dropout."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.encoder = nn.Sequential(nn.Linear(4, 2), nn.Tanh())
+        self.encoder = nn.Sequential(
+            nn.Linear(4, 2), nn.Tanh(), nn.BatchNorm1d(2), nn.Dropout(0.5)
+        ).eval()
 
 
-def test_a_part_without_weights_put_in_place_of_one_is_refused(store: Store) -> None:
-    """``nn.ReLU`` put in place of the settled module's ``nn.Tanh`` leaves every weight as
-    it was, and its ``settled_state()`` the same: the next forward recalled the answer the
-    Tanh gave. It is refused, as a module put in place of one is."""
+def _relu_for_tanh(encoder: nn.Module, back: bool) -> None:
+    encoder[1] = (nn.Tanh() if back else nn.ReLU()).eval()
+
+
+def _eps_set(encoder: nn.Module, back: bool) -> None:
+    encoder[2].eps = 1e-5 if back else 0.5
+
+
+def _train_mode(encoder: nn.Module, back: bool) -> None:
+    encoder.train(not back)
+
+
+@pytest.mark.parametrize(
+    "change", [_relu_for_tanh, _eps_set, _train_mode], ids=lambda change: change.__name__[1:]
+)
+def test_what_changes_answers_but_no_weight_is_refused(
+    store: Store, change: Callable[[nn.Module, bool], None]
+) -> None:
+    """``nn.ReLU`` put in place of the settled module's ``nn.Tanh``, its BatchNorm's
+    ``eps`` set, or the module put in train mode changes every answer, yet no weight nor
+    what its ``settled_state()`` says: the next forward recalled the old answer. It is
+    refused, as a module put in place of one is; put back, the node goes on."""
     node = Activated().identified("tests.test_torch_settled:Activated")
     g = _graph(node)
     span = {"at": 4, "take": 3}
     g.forward(span, store=store)
-    node.encoder[1] = nn.ReLU()
+    change(node.encoder, False)
     with pytest.raises(NotSettled, match="other values"):
         g.forward(span, store=store)
-    node.encoder[1] = nn.Tanh()
-    assert torch.equal(g.forward(span, store=store), _truth(g, span))
-
-
-class Normed(Predict):
-    """The docs' recipe over a module in eval whose BatchNorm reads ``eps``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = nn.Sequential(nn.Linear(4, 2), nn.BatchNorm1d(2)).eval()
-
-
-def test_a_value_a_part_keeps_set_anew_is_refused(store: Store) -> None:
-    """``eps`` set on the settled module's BatchNorm changes no weight, and its
-    ``settled_state()`` says the same: the next forward recalled the answer of the old
-    ``eps``. It is refused; set back, the node goes on."""
-    node = Normed().identified("tests.test_torch_settled:Normed")
-    g = _graph(node)
-    span = {"at": 6, "take": 3}
-    g.forward(span, store=store)
-    node.encoder[1].eps = 0.5
-    with pytest.raises(NotSettled, match="other values"):
-        g.forward(span, store=store)
-    node.encoder[1].eps = 1e-5
-    assert torch.equal(g.forward(span, store=store), _truth(g, span))
-
-
-class Dropped(Predict):
-    """The docs' recipe over a module in eval holding a dropout."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.encoder = nn.Sequential(nn.Linear(4, 2), nn.Dropout(0.5)).eval()
-
-
-def test_a_module_put_in_another_mode_is_refused(store: Store) -> None:
-    """The settled module put in train mode answers otherwise (its dropout draws), with
-    the same weights and ``settled_state()``: the next forward recalled the answer it gave
-    in eval. It is refused; put back in eval, the node goes on."""
-    node = Dropped().identified("tests.test_torch_settled:Dropped")
-    g = _graph(node)
-    span = {"at": 8, "take": 3}
-    g.forward(span, store=store)
-    node.encoder.train()
-    with pytest.raises(NotSettled, match="other values"):
-        g.forward(span, store=store)
-    node.encoder.eval()
+    change(node.encoder, True)
     assert torch.equal(g.forward(span, store=store), _truth(g, span))
 
 
