@@ -580,6 +580,9 @@ def _settle(self: CachedRows, again: bool = False, thorough: bool = False) -> bo
     # Watched from before the digest: a change while it reads the weights is seen next.
     state, watch = watched_state(self.module)
     self._watch, self._conversion = watch, conversion
+    # What the parts keep beside their weights is watched anew too, on the parts held now:
+    # one put in since (`encoder[1] = bn`) is watched for a value set on it later.
+    self._node.look_at_settings_again()
     try:
         if state != self._state:
             self._state = state

@@ -788,6 +788,10 @@ class ModuleNode(Node):
         state, self._watch = restated(name, self.module, self._watch, tied, looked=looked)
         if state is not None:
             self._smz.state = state
+            # What the parts keep beside their weights is watched anew too, on the parts
+            # held now: one put in since (`encoder[1] = bn`) is watched for a value set on
+            # it later.
+            self.look_at_settings_again()
         return state
 
     def state_bytes(self) -> bytes:

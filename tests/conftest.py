@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -92,3 +93,16 @@ def cluster() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+@pytest.fixture
+def sharp_norm() -> Any:
+    """A Linear, then a BatchNorm in eval whose small running variance makes its ``eps``
+    tell in every answer."""
+    import torch  # only the tests asking for it need torch
+    from torch import nn
+
+    module = nn.Sequential(nn.Linear(8, 4), nn.BatchNorm1d(4)).eval()
+    with torch.no_grad():
+        module[1].running_var.fill_(1e-3)
+    return module

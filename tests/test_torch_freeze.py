@@ -3678,3 +3678,47 @@ def test_a_module_holding_a_quantized_buffer_is_refused_naming_it(tmp_path: path
     module = Scaled().eval().requires_grad_(False)
     with pytest.raises(smt.FreezeError, match=r"quantized tensors \(`w`\).*dequantize"):
         smt.cache_rows(module, store=str(tmp_path))(torch.randn(2, 4))
+
+
+class HoldingEncoder(nn.Module):
+    """A model holding the encoder to cache, for ``wrap``."""
+
+    def __init__(self, encoder: nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.encoder(x)
+
+
+@pytest.mark.parametrize("kind", ["wrap", "modulenode"])
+def test_a_value_set_on_a_part_put_in_keys_anew(
+    store: Store, kind: str, sharp_norm: nn.Sequential
+) -> None:
+    """A cached part of a wrapped model, or a module node, looked for a value set after a
+    part was put in (``eps`` of a BatchNorm put in place of one) on the part replaced:
+    the answer of the old ``eps`` was recalled. It is keyed anew."""
+    x = torch.randn(3, 8)
+    encoder = sharp_norm
+    if kind == "wrap":
+        wrapped = smt.wrap(
+            HoldingEncoder(encoder), frozen=["encoder"], cached=["encoder"], store=store
+        )
+        smt.freeze(wrapped)
+
+        def call() -> torch.Tensor:
+            return wrapped(x)
+    else:
+        g = Graph.somatize(smt.ModuleNode(encoder).named("encoder").frozen().cached())
+        smt.freeze(g)
+
+        def call() -> torch.Tensor:
+            return g.forward(Opaque(x), store=store)
+
+    call()
+    encoder[1] = copy.deepcopy(encoder[1])
+    call()
+    encoder[1].eps = 0.5
+    with torch.no_grad():
+        truth = copy.deepcopy(encoder).eval()(x)
+    assert torch.equal(call(), truth)

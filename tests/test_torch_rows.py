@@ -1983,6 +1983,28 @@ def test_a_part_without_weights_replaced_keys_rows_anew(store: Store) -> None:
     cached.close()
 
 
+@pytest.mark.parametrize("weights", ["equal", "other"])
+def test_a_value_set_on_a_part_put_in_keys_rows_anew(
+    store: Store, weights: str, sharp_norm: nn.Sequential
+) -> None:
+    """A BatchNorm put in place of one, then given another ``eps``: the value was looked
+    for on the part replaced, and the rows of the old ``eps`` were recalled. Each forward
+    after computes with the value the new part keeps."""
+    module = sharp_norm
+    cached = cache_rows(module, store)
+    x = torch.randn(16, 8)
+    cached(x)
+    part = copy.deepcopy(module[1])
+    if weights == "other":
+        with torch.no_grad():
+            part.running_mean.add_(1.0)
+    module[1] = part
+    assert torch.equal(cached(x), expected(module, x))
+    module[1].eps = 0.5
+    assert torch.equal(cached(x), expected(module, x))
+    cached.close()
+
+
 def test_parts_put_in_or_removed_through_a_cached_container_key_rows_anew(
     store: Store,
 ) -> None:
