@@ -215,11 +215,13 @@ def never_hit(trainer: pl.Trainer, records: list[EpochStats], changed: set[str])
 def never_called(
     trainer: pl.Trainer,
     pl_module: pl.LightningModule,
+    epoch: int,
     history: list[EpochStats],
     cached: dict[str, CachedRows],
 ) -> str | None:
     """What to warn of (:class:`~somatize_torch.lightning.Uncached`) when the first
-    training epoch just ended, having run batches, and no stage so far (``history``) called
+    training epoch (``epoch``) ended, having run batches, and no stage so far (``history``,
+    the LightningModule's own end hooks of that epoch counted in) called
     one of the ``cached`` modules: the step calls a method of it (a CLIP model's
     ``encode_image``) or its parts, which run uncached. None otherwise. The rows are summed
     across ranks, as a hook may call a module on one rank only."""
@@ -241,7 +243,7 @@ def never_called(
     )
     first = idle[0]
     return (
-        f"training epoch {trainer.current_epoch} never called {_listed(idle)}, nor did an "
+        f"training epoch {epoch} never called {_listed(idle)}, nor did an "
         "evaluation before it, so none of its rows was cached or recalled. The callback "
         f"caches a call of the module itself (`self.{first}(x)`); a method of it "
         f"(`self.{first}.encode_image(x)`, `self.{first}.forward_features(x)`) or a part "

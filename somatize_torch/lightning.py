@@ -269,6 +269,9 @@ class CacheFrozen(Callback):
         self._ended: dict[str, int] = {}
         self._train_epochs = 0
         self._warned = False
+        # The first training epoch, once it ended, until the callback has said whether it
+        # called each module: after the LightningModule's own epoch-end hook, which may.
+        self._unasked: int | None = None
         # Each cache's count of rows keyed anew when the last training epoch ended.
         self._keyed_anew: dict[str, int] = {}
         self._prefills: list[PrefillJob] = []
@@ -499,6 +502,7 @@ class CacheFrozen(Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._train_epochs = 0
+        self._unasked = None
         refused = nothing_left(pl_module, self._found)  # a head made in `configure_model()`
         if refused is not None:
             raise refused
@@ -754,6 +758,7 @@ class CacheFrozen(Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._one_set_a_step(trainer.fit_loop, "train")
         self._fresh("train")
+        self._say_never_called(trainer, pl_module)
         self._fetch_ahead(pl_module, trainer.fit_loop)
         self._begin("train")
 
@@ -845,14 +850,28 @@ class CacheFrozen(Callback):
         changed = grown(self._keyed_anew, keyed)
         self._keyed_anew = keyed
         if self._train_epochs == 1:
-            idle = never_called(trainer, pl_module, self.history, self._cached)
-            if idle is not None:
-                warnings.warn(idle, Uncached, stacklevel=2)
+            # Said at the next epoch's start, or the fit's end: the LightningModule's own
+            # epoch-end hook runs after this one, and may call the module (a k-NN bank).
+            self._unasked = trainer.current_epoch
         if self._train_epochs >= 2 and not self._warned:
             never = never_hit(trainer, self._last("train"), changed)
             if never is not None:
                 self._warned = True
                 warnings.warn(never, NeverHits, stacklevel=2)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._count_down()  # what the LightningModule's own epoch-end hook counted
+        self._say_never_called(trainer, pl_module)
+
+    def _say_never_called(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Warns (:class:`Uncached`) of each module the first training epoch, its own
+        end hooks and every evaluation before it never called, once its counts are down."""
+        epoch, self._unasked = self._unasked, None
+        if epoch is None:
+            return
+        idle = never_called(trainer, pl_module, epoch, self.history, self._cached)
+        if idle is not None:
+            warnings.warn(idle, Uncached, stacklevel=3)
 
     def on_test_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._one_set_a_step(trainer.test_loop, "test")

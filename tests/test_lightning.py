@@ -514,6 +514,34 @@ def test_a_named_module_the_fit_never_calls_is_said_to_run_uncached(tmp_path: Pa
     assert [e.rows.rows for e in epochs(called, "train")] == [SAMPLES, SAMPLES]
 
 
+class _BankAtEpochEnd(Probe):
+    """Trains its head on the images themselves; its own ``on_train_epoch_end`` (which
+    Lightning runs after the callbacks') takes the encoder's features of a bank of
+    images, as a k-NN monitor does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(x.mean((2, 3)).repeat(1, 3)[:, :8])
+
+    def on_train_epoch_end(self) -> None:
+        with torch.no_grad():
+            self.bank = self.encoder(data()[0][: SAMPLES // 4].to(self.device))
+
+
+def test_a_module_a_training_epochs_end_hook_calls_is_not_said_never_called(
+    tmp_path: Path,
+) -> None:
+    """A named module that only the LightningModule's own ``on_train_epoch_end`` calls
+    (run after the callback's) is cached there, and not said never to have been called."""
+    for epochs_run in (1, 2):
+        callback = CacheFrozen(None, ["encoder"])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", SomatizeWarning)
+            trainer(tmp_path / str(epochs_run), epochs_run, callbacks=[callback]).fit(
+                _BankAtEpochEnd(), loader()
+            )
+        assert [e.rows.rows for e in epochs(callback, "train")] == [SAMPLES // 4] * epochs_run
+
+
 class _WrapsInSetup(Probe):
     """Puts its encoder inside a module of its own in ``setup()``, which Lightning runs after
     the callbacks'."""
