@@ -56,6 +56,7 @@ __all__ = [
     "global_hooks",
     "hooks_of",
     "its_own",
+    "its_own_held",
     "settings_of",
     "stand_in_call",
     "stood_for",
@@ -92,6 +93,12 @@ def its_own(stand_in: nn.Module, module: nn.Module, name: str) -> bool:
         and (name in module.__dict__ or hasattr(type(module), name))
         and not hasattr(type(stand_in), name)
     )
+
+
+def its_own_held(stand_in: nn.Module, module: nn.Module, name: str) -> bool:
+    """Whether ``name``, deleted through ``stand_in``, is a value ``module`` holds itself
+    (:func:`its_own`): deleted there, as it is written there."""
+    return its_own(stand_in, module, name) and name in module.__dict__
 
 
 @functools.cache

@@ -111,7 +111,7 @@ from somatize_torch._row_options import DEVICE_BYTES as DEVICE_BYTES
 from somatize_torch._row_options import HOST_BYTES as HOST_BYTES
 from somatize_torch._row_options import check_options
 from somatize_torch._row_stats import _COUNTED, RowStats, Written, _reset_stats, _stats_of
-from somatize_torch._settings import its_own, stand_in_call
+from somatize_torch._settings import its_own, its_own_held, stand_in_call
 from somatize_torch._state import StateWatch
 from somatize_torch.deferred import DeferredRows
 from somatize_torch.digest import RowsLater
@@ -347,13 +347,7 @@ class CachedRows(nn.Module):
         if name in _MADE_WITH and name in self.__dict__:
             _replaced(name)
         module = self.__dict__.get("module")
-        if (
-            module is not None
-            and not name.startswith("_")
-            and name not in self.__dict__
-            and name in module.__dict__
-            and not hasattr(type(self), name)
-        ):
+        if module is not None and its_own_held(self, module, name):
             delattr(module, name)
             return
         super().__delattr__(name)

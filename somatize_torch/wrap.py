@@ -116,7 +116,13 @@ from somatize_torch._modes import (
     unwinding,
 )
 from somatize_torch._parts import _HOOK_KINDS, _part, _Parts, hooked_error, hooks_of
-from somatize_torch._settings import any_global_hooks, global_hooks, its_own, stand_in_call
+from somatize_torch._settings import (
+    any_global_hooks,
+    global_hooks,
+    its_own,
+    its_own_held,
+    stand_in_call,
+)
 from somatize_torch._split import identical_at
 from somatize_torch._state import StateWatch
 from somatize_torch._tracing import (
@@ -345,6 +351,15 @@ class Wrapped(nn.Module):
         super().__setattr__(name, value)
         if isinstance(value, (nn.Module, torch.Tensor)):
             self._follow()
+
+    def __delattr__(self, name: str) -> None:
+        """A value the model holds itself is deleted from the model, as it is written
+        there (:meth:`__setattr__`) and read from there (:meth:`__getattr__`)."""
+        model = self.__dict__.get("model")
+        if model is not None and its_own_held(self, model, name):
+            delattr(model, name)
+            return
+        super().__delattr__(name)
 
     def __getattr__(self, name: str) -> Any:
         """What the model holds beside its tensors and children — a plain value

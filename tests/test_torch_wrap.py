@@ -11147,3 +11147,21 @@ def test_a_value_written_through_a_model_wrapped_whole_is_the_models(tmp_path: P
         assert not torch.equal(wrapped(x), pooled)
         assert torch.equal(wrapped.pooled(x), model.pooled(x))
     assert list(wrapped.counts.values()) == [{"ran": 2, "kept": 2, "recalled": 1}]
+
+
+def test_a_value_deleted_through_a_model_wrapped_whole_is_the_models(tmp_path: Path) -> None:
+    """A value the model holds, deleted through the wrapped model (``del
+    wrapped.global_pool``), is deleted from the model, as it is read and written there:
+    the model's class default shows through both again. A name neither holds is refused
+    as on any module."""
+    model = _Pooled()
+    wrapped = smt.wrap(model, frozen=True, cached=True, store=tmp_path)
+    type(model).global_pool = "token"  # type: ignore[attr-defined]
+    try:
+        del wrapped.global_pool
+        assert "global_pool" not in vars(model)
+        assert model.global_pool == "token" and wrapped.global_pool == "token"
+    finally:
+        del type(model).global_pool  # type: ignore[attr-defined]
+    with pytest.raises(AttributeError, match="global_pool"):
+        del wrapped.global_pool
