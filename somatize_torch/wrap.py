@@ -371,9 +371,17 @@ class Wrapped(nn.Module):
         except AttributeError:
             model = self.__dict__.get("model")
             # A private name is the wrapper's (`__deepcopy__` is asked of it, not the model).
-            if model is None or name.startswith("_") or not hasattr(model, name):
+            if model is None or name.startswith("_"):
                 raise
+        try:
             return getattr(model, name)
+        except AttributeError as missing:
+            raise AttributeError(
+                f"'{type(self).__name__}' object has no attribute '{name}', nor has the "
+                f"model it wraps (`{type(model).__name__}`)",
+                name=name,
+                obj=self,
+            ) from missing
 
     def add_module(self, name: str, module: nn.Module | None) -> None:
         parts: _Parts | None = self.__dict__.get("_parts")

@@ -11165,3 +11165,15 @@ def test_a_value_deleted_through_a_model_wrapped_whole_is_the_models(tmp_path: P
         del type(model).global_pool  # type: ignore[attr-defined]
     with pytest.raises(AttributeError, match="global_pool"):
         del wrapped.global_pool
+
+
+def test_a_name_neither_a_wrapped_model_nor_its_model_holds_is_refused_naming_the_model(
+    tmp_path: Path,
+) -> None:
+    """Reading a name neither the wrapped model nor the model holds raises AttributeError
+    naming the model's class, so ``hasattr`` says False and the message says where the
+    name was looked for."""
+    wrapped = smt.wrap(_Pooled(), frozen=True, cached=True, store=tmp_path)
+    with pytest.raises(AttributeError, match=r"'pooled_by'.*wraps \(`_Pooled`\)"):
+        _ = wrapped.pooled_by
+    assert not hasattr(wrapped, "pooled_by") and hasattr(wrapped, "global_pool")
