@@ -860,8 +860,9 @@ class CacheFrozen(Callback):
                 warnings.warn(never, NeverHits, stacklevel=2)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._count_down()  # what the LightningModule's own epoch-end hook counted
-        self._say_never_called(trainer, pl_module)
+        if self._unasked is not None:
+            self._count_down()  # what the LightningModule's own epoch-end hook counted
+            self._say_never_called(trainer, pl_module)
 
     def _say_never_called(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Warns (:class:`Uncached`) of each module the first training epoch, its own
