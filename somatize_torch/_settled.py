@@ -31,7 +31,7 @@ from somatize import canonical
 from somatize.node import UNSET, attributes_of, tells_state
 from somatize_torch._settings import SettingsWatch, settings_of
 from somatize_torch._state import StateWatch
-from somatize_torch.digest import digest_named
+from somatize_torch.digest import digest_named, raw_digest
 
 __all__ = ["KeptWeightsWatch", "kept_weights", "watch_kept_weights"]
 
@@ -102,12 +102,17 @@ class KeptWeightsWatch:
         "_changed",
         "_graded",
         "_heard",
+        "_heard_on",
         "_kept",
         "_node",
+        "_parameters",
         "_parts",
+        "_raw",
         "_settings",
+        "_structure",
         "_training",
         "_values",
+        "_weights",
     )
 
     def __init__(self, node: Any, changed: str | None = None, values: str | None = None) -> None:
@@ -116,6 +121,13 @@ class KeptWeightsWatch:
         # What the weights hold, to tell a touch that leaves them equal from a change a
         # `settled_state()` worked out once (a checkpoint's digest) does not hear.
         self._values = _values_of(node) if values is None else values
+        # The same tensor by tensor, beside the structure, to weigh the very tensors held in
+        # place again at each forward a gradient is held: their names, dtypes and shapes
+        # cannot have changed, and the canonical digest of all of them costs several times
+        # as much. A copy handed the values of the original compares by those.
+        self._weights = _weights_of(node)
+        self._raw = _raw_of(self._weights) if values is None else None
+        self._structure = _structure_of(node)
         kept: dict[str, tuple[Any, list[tuple[Any, StateWatch | _ParameterWatch]]]] = {}
         for name, value, part in kept_weights(node):
             watch = StateWatch(part) if isinstance(part, nn.Module) else _ParameterWatch(part)
@@ -136,16 +148,28 @@ class KeptWeightsWatch:
         # batch, though no weight changed.
         self._parts = [part for _, _, part in _kept_modules(node) for part in part.modules()]
         self._training = tuple(map(_TRAINING, self._parts))
-        self._graded = _holds_gradients(node)
+        # Held in place, as each forward after a gradient checks first, they are these.
+        self._parameters = list(_kept_parameters(node))
+        self._graded = _holds_gradients(self._parameters)
         self._heard: list[RemovableHandle] = []
+        self._heard_on: list[weakref.ref[torch.Tensor]] = []
         weakref.finalize(self, _removed, self._heard)
-        self._hear_gradients()
+        self._hear_gradients(self._parameters)
 
-    def _hear_gradients(self) -> None:
+    def _hear_gradients(self, parameters: list[torch.Tensor]) -> None:
         """Marks the weights graded whenever a backward gives a weight that requires grad
         a gradient from here on: a fused step, then `zero_grad()`, before the next forward
-        leaves each weight at its version and its gradient None, as watched."""
+        leaves each weight at its version and its gradient None, as watched. The hooks
+        already set are kept where they are on the very weights that require grad now:
+        a node holding a gradient is weighed again at each forward, and setting them
+        afresh each time would cost more than the digest of a small module."""
+        wanted = [p for p in parameters if p.requires_grad and p.is_leaf]
+        if len(wanted) == len(self._heard_on) and all(
+            p is was() for p, was in zip(wanted, self._heard_on, strict=True)
+        ):
+            return
         _removed(self._heard)
+        self._heard_on = [weakref.ref(p) for p in wanted]
         heard = weakref.ref(self)
 
         def given(_: torch.Tensor) -> None:
@@ -155,8 +179,7 @@ class KeptWeightsWatch:
 
         self._heard.extend(
             p.register_post_accumulate_grad_hook(given)  # type: ignore[no-untyped-call]
-            for p in _kept_parameters(self._node)
-            if p.requires_grad and p.is_leaf
+            for p in wanted
         )
 
     def __call__(self) -> str | None:
@@ -214,15 +237,21 @@ class KeptWeightsWatch:
             watch.held_in_place() for _, _, _, parts in self._kept for _, watch in parts
         ):
             return None
-        if _values_of(self._node) != self._values:
+        if not self._holds_watched_values():
             return False
         for _, _, _, parts in self._kept:
             for _, watch in parts:
                 watch.follow_gradients()
-        self._graded = _holds_gradients(self._node)
-        self._hear_gradients()  # a weight made to require grad since
+        self._graded = _holds_gradients(self._parameters)
+        self._hear_gradients(self._parameters)  # a weight made to require grad since
         self._changed = None
         return True
+
+    def _holds_watched_values(self) -> bool:
+        """Whether the weights, each held in place, hold the values watched."""
+        if self._raw is None:
+            return _values_of(self._node) == self._values
+        return _raw_of(self._weights) == self._raw and _structure_of(self._node) == self._structure
 
     def holds_as(self, later: KeptWeightsWatch) -> bool:
         """Whether the weights held the same values when ``later`` was taken as when this
@@ -243,17 +272,38 @@ def _values_of(node: Any) -> str:
     their weights and their modes: a part with no weights put in place of one (``nn.ReLU``
     for ``nn.Tanh``), a BatchNorm's ``eps`` set, or a part put in train mode changes no
     weight, yet the answers."""
-    named: dict[str, torch.Tensor] = {}
-    structure: list[bytes] = []
+    return digest_named(dict(_named_weights(node))) + " " + _structure_of(node)
+
+
+def _named_weights(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each parameter and buffer among the weights ``node`` keeps, under a name of its own."""
     for at, (name, _, part) in enumerate(kept_weights(node)):
         if isinstance(part, nn.Module):
             held = [*part.named_parameters(), *part.named_buffers()]
-            modes = [sub.training for sub in part.modules()]
-            structure.append(repr(part).encode() + canonical.encode([settings_of(part), modes]))
         else:
             held = [("", part)]
-        named.update((f"{at}.{name}.{inner}", t.detach()) for inner, t in held)
-    return digest_named(named) + " " + blake3.blake3(b"\n".join(structure)).hexdigest()
+        yield from ((f"{at}.{name}.{inner}", t.detach()) for inner, t in held)
+
+
+def _structure_of(node: Any) -> str:
+    """The digest of the structure of each module ``node`` keeps, as ``repr`` shows it,
+    with the values its parts keep beside their weights and their modes."""
+    structure = [
+        repr(part).encode()
+        + canonical.encode([settings_of(part), [sub.training for sub in part.modules()]])
+        for _, _, part in _kept_modules(node)
+    ]
+    return blake3.blake3(b"\n".join(structure)).hexdigest()
+
+
+def _weights_of(node: Any) -> list[torch.Tensor]:
+    """The parameters and buffers among the weights ``node`` keeps, in order."""
+    return [tensor for _, tensor in _named_weights(node)]
+
+
+def _raw_of(weights: list[torch.Tensor]) -> tuple[bytes, ...]:
+    """The digest of each tensor's bytes alone, in order."""
+    return tuple(map(raw_digest, weights))
 
 
 _TRAINING = operator.attrgetter("training")
@@ -270,9 +320,9 @@ def _kept_parameters(node: Any) -> Iterator[torch.Tensor]:
         yield from part.parameters() if isinstance(part, nn.Module) else (part,)
 
 
-def _holds_gradients(node: Any) -> bool:
-    """Whether a parameter among the weights ``node`` keeps holds a gradient."""
-    return any(p.grad is not None for p in _kept_parameters(node))
+def _holds_gradients(parameters: list[torch.Tensor]) -> bool:
+    """Whether one of ``parameters`` (the weights a node keeps) holds a gradient."""
+    return any(p.grad is not None for p in parameters)
 
 
 def _removed(handles: list[RemovableHandle]) -> None:

@@ -256,17 +256,21 @@ def _train_mode(encoder: nn.Module, back: bool) -> None:
     encoder.train(not back)
 
 
+@pytest.mark.parametrize("graded", [False, True], ids=["", "gradient-held"])
 @pytest.mark.parametrize(
     "change", [_relu_for_tanh, _eps_set, _train_mode], ids=lambda change: change.__name__[1:]
 )
 def test_what_changes_answers_but_no_weight_is_refused(
-    store: Store, change: Callable[[nn.Module, bool], None]
+    store: Store, change: Callable[[nn.Module, bool], None], graded: bool
 ) -> None:
     """``nn.ReLU`` put in place of the settled module's ``nn.Tanh``, its BatchNorm's
     ``eps`` set, or the module put in train mode changes every answer, yet no weight nor
     what its ``settled_state()`` says: the next forward recalled the old answer. It is
-    refused, as a module put in place of one is; put back, the node goes on."""
+    refused, as a module put in place of one is; put back, the node goes on. Weights
+    holding a gradient, weighed again at each forward, are refused alike."""
     node = Activated().identified("tests.test_torch_settled:Activated")
+    if graded:
+        _given_a_gradient(node)
     g = _graph(node)
     span = {"at": 4, "take": 3}
     g.forward(span, store=store)
@@ -586,3 +590,23 @@ def test_a_step_moving_no_version_whose_gradient_was_dropped_before_the_forward_
     g = _refused_for_other_values(make(), change, span, store)
     settle(g)
     assert torch.equal(g.forward(span, store=store), _truth(g, span))
+
+
+@pytest.mark.parametrize("copied", ["deepcopy", "pickle"])
+def test_a_copy_made_after_a_write_through_data_under_a_gradient_is_refused(
+    store: Store, copied: str
+) -> None:
+    """Weights holding a gradient are weighed again at each forward. A write through
+    ``.data`` moves no version counter; a copy of the graph made after it holds the written
+    values, and is refused as the original is, not weighed against its own values."""
+    node = Predict()
+    _given_a_gradient(node)
+    g = _graph(node)
+    span = {"at": 1, "take": 2}
+    g.forward(span, store=store)
+    node.encoder.weight.data.add_(1.0)
+    again = copy.deepcopy(g) if copied == "deepcopy" else pickle.loads(pickle.dumps(g))
+    with pytest.raises(NotSettled, match=r"settle\(g\)"):
+        again.forward(span, store=store)
+    with pytest.raises(NotSettled, match=r"settle\(g\)"):
+        g.forward(span, store=store)
