@@ -199,6 +199,21 @@ class KeptWeightsWatch:
                         f"`self.{name}`, {what}, changed (a weight or buffer changed in place: "
                         "an optimizer step, `load_state_dict`; or one was replaced)"
                     )
+        beside = self._beside_weights()
+        if beside is not None:
+            return beside
+        if self._graded:
+            # A fused optimizer (`AdamW(fused=True)`) steps a weight holding a gradient
+            # without moving its version counter: only its values tell.
+            return (
+                "a weight it keeps holds or was given a gradient, which an optimizer may "
+                "have stepped it by"
+            )
+        return None
+
+    def _beside_weights(self) -> str | None:
+        """What changed beside the weights, in words: a part's mode, or a value a part
+        keeps or a hook (which may leave all as it was: an equal value set again)."""
         if tuple(map(_TRAINING, self._parts)) != self._training:
             return "an nn.Module it keeps, or a part of it, was put in another mode (`train()`)"
         for name, settings in self._settings:
@@ -207,13 +222,6 @@ class KeptWeightsWatch:
                     f"`self.{name}`, an nn.Module, changed (a value one of its parts keeps "
                     "beside its weights was set, or a hook registered or removed)"
                 )
-        if self._graded:
-            # A fused optimizer (`AdamW(fused=True)`) steps a weight holding a gradient
-            # without moving its version counter: only its values tell.
-            return (
-                "a weight it keeps holds or was given a gradient, which an optimizer may "
-                "have stepped it by"
-            )
         return None
 
     def _replaced(self) -> str | None:
@@ -230,11 +238,16 @@ class KeptWeightsWatch:
         or held, a parameter made to require grad or not): whether the weights still hold
         the values watched, worked out once. True, and the watch follows the gradients as
         they are and says nothing changed; False: other values (a fused optimizer's step).
-        None where more changed (a weight changed in place, moved or replaced), left to the
-        node's ``settled_state()``. A touch that leaves each weight at its version and in
-        its memory costs one digest of the values, and no asking the node."""
-        if self._replaced() is not None or not all(
-            watch.held_in_place() for _, _, _, parts in self._kept for _, watch in parts
+        None where more changed (a weight changed in place, moved or replaced, a part's mode,
+        a value a part keeps, a hook), left to the node's ``settled_state()``. A touch that
+        leaves each weight at its version and in its memory costs one digest of the values,
+        and no asking the node."""
+        if (
+            self._replaced() is not None
+            or not all(watch.held_in_place() for _, _, _, parts in self._kept for _, watch in parts)
+            # Touched beside the weights too: the node's `settled_state()` may name that, and
+            # a watch taken afresh once stops the values being digested at each forward.
+            or self._beside_weights() is not None
         ):
             return None
         if not self._holds_watched_values():

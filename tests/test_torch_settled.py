@@ -610,3 +610,38 @@ def test_a_copy_made_after_a_write_through_data_under_a_gradient_is_refused(
         again.forward(span, store=store)
     with pytest.raises(NotSettled, match=r"settle\(g\)"):
         g.forward(span, store=store)
+
+
+def _hook_registered(encoder: nn.Module) -> None:
+    encoder.register_forward_hook(lambda module, args, out: None)
+
+
+def _eps_set_as_it_was(encoder: nn.Module) -> None:
+    encoder[2].eps = float(str(encoder[2].eps))  # an equal value, another object
+
+
+@pytest.mark.parametrize(
+    "touch", [_hook_registered, _eps_set_as_it_was], ids=lambda touch: touch.__name__[1:]
+)
+def test_a_touch_beside_the_weights_leaving_the_values_is_looked_at_once(
+    store: Store, touch: Callable[[nn.Module], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hook registered on the settled module (a profiler's), or a value its part keeps
+    set again to an equal one, leaves every value it was settled with: the watch of what
+    the parts keep went on saying changed, and each forward after digested all the
+    weights again. It is looked at once, and the forwards after digest nothing."""
+    import somatize_torch._settled as settled
+
+    node = Activated().identified("tests.test_torch_settled:Activated")
+    g = _graph(node)
+    span = {"at": 4, "take": 3}
+    kept = g.forward(span, store=store)
+    touch(node.encoder)
+    assert torch.equal(g.forward(span, store=store), kept)
+    digested: list[None] = []
+    values_of = settled._values_of
+    monkeypatch.setattr(settled, "_values_of", lambda n: digested.append(None) or values_of(n))
+    for _ in range(3):
+        assert torch.equal(g.forward(span, store=store), kept)
+        assert g.record is not None and g.record.outcome["predict"] == "recalled"
+    assert digested == []
