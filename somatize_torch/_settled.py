@@ -271,6 +271,14 @@ class KeptWeightsWatch:
         watch was."""
         return self._values == later._values
 
+    def differs_from(self, later: KeptWeightsWatch) -> str:
+        """What holds other values when ``later`` was taken than when this watch was, and
+        what makes a ``settled_state()`` tell it, in words."""
+        was, now = self._values.split(" "), later._values.split(" ")
+        if len(was) != len(now):  # a watch pickled before it kept each apart
+            return _DIFFERING[0]
+        return " ".join(words for words, a, b in zip(_DIFFERING, was, now, strict=True) if a != b)
+
     def __getstate__(self) -> dict[str, Any]:
         return {"node": self._node, "changed": self(), "values": self._values}
 
@@ -280,11 +288,11 @@ class KeptWeightsWatch:
 
 
 def _values_of(node: Any) -> str:
-    """The digest of the values of the weights ``node`` keeps, wherever they live, with the
-    structure of each module kept as ``repr`` shows it, the values its parts keep beside
-    their weights and their modes: a part with no weights put in place of one (``nn.ReLU``
-    for ``nn.Tanh``), a BatchNorm's ``eps`` set, or a part put in train mode changes no
-    weight, yet the answers."""
+    """The digest of the values of the weights ``node`` keeps, wherever they live, then of
+    the structure of each module kept as ``repr`` shows it, of the values its parts keep
+    beside their weights and of their modes, each apart (:data:`_DIFFERING` says each): a
+    part with no weights put in place of one (``nn.ReLU`` for ``nn.Tanh``), a BatchNorm's
+    ``eps`` set, or a part put in train mode changes no weight, yet the answers."""
     return digest_named(dict(_named_weights(node))) + " " + _structure_of(node)
 
 
@@ -299,14 +307,14 @@ def _named_weights(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _structure_of(node: Any) -> str:
-    """The digest of the structure of each module ``node`` keeps, as ``repr`` shows it,
-    with the values its parts keep beside their weights and their modes."""
-    structure = [
-        repr(part).encode()
-        + canonical.encode([settings_of(part), [sub.training for sub in part.modules()]])
-        for _, _, part in _kept_modules(node)
-    ]
-    return blake3.blake3(b"\n".join(structure)).hexdigest()
+    """The digests of the structure of each module ``node`` keeps, as ``repr`` shows it, of
+    the values its parts keep beside their weights and of their modes, each apart."""
+    structure: list[list[bytes]] = [[], [], []]
+    for _, _, part in _kept_modules(node):
+        structure[0].append(repr(part).encode())
+        structure[1].append(canonical.encode(settings_of(part)))
+        structure[2].append(canonical.encode([sub.training for sub in part.modules()]))
+    return " ".join(blake3.blake3(b"\n".join(one)).hexdigest() for one in structure)
 
 
 def _weights_of(node: Any) -> list[torch.Tensor]:
@@ -317,6 +325,20 @@ def _weights_of(node: Any) -> list[torch.Tensor]:
 def _raw_of(weights: list[torch.Tensor]) -> tuple[bytes, ...]:
     """The digest of each tensor's bytes alone, in order."""
     return tuple(map(raw_digest, weights))
+
+
+_DIFFERING = (
+    "Its weights or buffers hold other values: `somatize.torch.digest_state(self.encoder)` "
+    "digests every one, those `state_dict()` leaves out (`persistent=False`) too.",
+    "Its parts differ as `repr(self.encoder)` shows them (a part with no weights put in "
+    "place of one, `nn.ReLU` for `nn.Tanh`): name the repr in the digest.",
+    "A value a part keeps beside its weights differs (a BatchNorm's `eps`, which "
+    "`repr(self.encoder)` shows, or one of your own): name it in the digest.",
+    "A part is in another mode (`train()`): put it back in the mode it was settled in "
+    "(`.eval()`), or name the modes in the digest "
+    "(`[m.training for m in self.encoder.modules()]`).",
+)
+"""What each field of :func:`_values_of` is, and what makes a digest tell it, in words."""
 
 
 _TRAINING = operator.attrgetter("training")

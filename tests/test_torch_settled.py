@@ -645,3 +645,28 @@ def test_a_touch_beside_the_weights_leaving_the_values_is_looked_at_once(
         assert torch.equal(g.forward(span, store=store), kept)
         assert g.record is not None and g.record.outcome["predict"] == "recalled"
     assert digested == []
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (_train_mode, r"mode.*\.eval\(\)"),
+        (_eps_set, r"beside its weights.*`eps`"),
+        (_relu_for_tanh, r"repr\(self\.encoder\)"),
+    ],
+    ids=["mode", "eps", "part"],
+)
+def test_settling_again_says_what_holds_other_values(
+    store: Store, change: Callable[[nn.Module, bool], None], said: str
+) -> None:
+    """Settled again at the same digest after a change its ``settled_state()`` does not
+    hear, the refusal spoke of weights and buffers whatever changed: a module put in train
+    mode was told to digest its buffers and its ``repr``, neither of which names its mode.
+    It says what differs, and what makes the digest tell it."""
+    node = Activated().identified("tests.test_torch_settled:Activated")
+    g = _graph(node)
+    g.forward({"at": 4, "take": 3}, store=store)
+    change(node.encoder, False)
+    with pytest.raises(SameDigestOtherValues, match=said) as refused:
+        settle(g)
+    assert "weights and buffers it keeps" not in str(refused.value)

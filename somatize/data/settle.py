@@ -96,16 +96,14 @@ def _refuse_unheard(g: Graph, name: str, state: str, watch: Any) -> None:
     holds_as = getattr(watched, "holds_as", None)
     if before != state or holds_as is None or holds_as(watch):
         return
+    differs = getattr(watched, "differs_from", None)
+    what = differs(watch) if differs is not None else "Its weights or buffers hold other values."
     raise SameDigestOtherValues(
         f"`{name}`.settled_state() says {state}, the digest it was settled at before, yet "
-        "the weights and buffers it keeps hold other values than then. Settled so, the "
-        "answers kept for the old values would be recalled for the new ones. Make "
-        "`settled_state()` digest everything the forward reads: "
-        "`somatize.torch.digest_state(self.encoder)` digests every weight and buffer, those "
-        "`state_dict()` leaves out (`persistent=False`) too. A part with no weights put in "
-        "place of one (`nn.ReLU` for `nn.Tanh`), or a value a part keeps beside its "
-        "weights (a BatchNorm's `eps`), changes no digest of weights: name it in the digest "
-        "too (`repr(self.encoder)` shows both)"
+        "what it keeps differs from then: settled so, the answers kept for what it held "
+        f"would be recalled for what it holds now. {what} Make `settled_state()` say another "
+        "digest where the forward reads another value (as "
+        '`"blake3:" + blake3.blake3(data).hexdigest()` of all it names).'
     )
 
 
