@@ -8664,3 +8664,20 @@ def test_a_stand_in_under_a_standard_name_with_an_odd_file_is_looked_at_without_
     module.__file__ = said  # type: ignore[assignment]
     monkeypatch.setitem(sys.modules, "mailbox", module)
     assert not _members.standard_module("mailbox")
+
+
+def test_a_class_of_ones_own_deriving_from_an_installed_one_edited_is_other_code(
+    tmp_path: Path,
+) -> None:
+    """A class of the node's package deriving from an installed package's class, closed
+    over by a helper, was named by its name alone, like the installed class: edited (a
+    value or a method of its own), the fingerprint stayed, and the answers of the code
+    before were recalled. Its own code names it; the installed class is named by name."""
+    project, shared = _shared_checkout(
+        tmp_path, _CLOSES_OVER_AN_INSTALLED_CLASS, "boxes_lib", box=_INSTALLED_BOX
+    )
+    _installed(shared, "boxes_lib")
+    first = _fingerprints_in(project, "shared_nodes", "MadeWithBigger", also=(shared,))
+    edited = _CLOSES_OVER_AN_INSTALLED_CLASS.replace("k = 3", "k = 5")
+    _write(project / "shared_nodes.py", edited)
+    assert _fingerprints_in(project, "shared_nodes", "MadeWithBigger", also=(shared,)) != first

@@ -46,6 +46,7 @@ from somatize.catalog._members import (
     _put,
     _read_through,
     _Same,
+    named_by_name,
 )
 from somatize.catalog._project import qualified
 from somatize.catalog._rebuild import identity_of
@@ -442,11 +443,19 @@ def _written_class(kind: type, module: str) -> bool:
     of that module's package, or of one not installed), not torch's, the standard
     library's nor an installed package's, whose upgrade would drift every answer. One
     deriving from an installed package's class (a pydantic model of one's own) is named by
-    its name too: what that class's code holds need not be named alike in every process
-    (pydantic's sentinel defaults)."""
-    if _left_out(kind):
-        return False
-    return all(_of_the_code(above.__module__, module) for above in _read_through(kind))
+    how it is written itself, and that class by its name (:func:`_installed_above`)."""
+    return not _left_out(kind) and _of_the_code(kind.__module__, module)
+
+
+def _installed_above(kind: type) -> list[type]:
+    """The classes of an installed package ``kind``, a class of the user's code, derives
+    from: named by their name, as a class of theirs closed over is, since what their code
+    holds need not be named alike in every process (pydantic's sentinel defaults)."""
+    return [
+        above
+        for above in _read_through(kind)
+        if not _of_the_code(above.__module__, kind.__module__)
+    ]
 
 
 def _closed_classes(function: FunctionType) -> list[type]:
@@ -499,18 +508,22 @@ def _closed_class_bytes(kind: type) -> bytes:
     # imported here: naming a class's code names its functions, by this module
     from somatize.catalog._names import _helper_class_bytes
 
+    installed = _installed_above(kind)
+    if installed:
+        name += "".join(f" from {identity_of(above)}" for above in installed).encode()
     # kept only as named from outside any other such class, the same wherever it is asked
     outermost = not naming.classes
-    with _one_reading():
-        now = _class_now(kind) if outermost else None
-    found = _CLASSES.get(kind) if outermost else None
-    if found is not None and found[0] == now:
-        return found[1]
-    naming.classes.add(id(kind))
-    try:
-        written = name + b"\0" + _helper_class_bytes(kind)
-    finally:
-        naming.classes.discard(id(kind))
+    with named_by_name(installed):
+        with _one_reading():
+            now = _class_now(kind) if outermost else None
+        found = _CLASSES.get(kind) if outermost else None
+        if found is not None and found[0] == now:
+            return found[1]
+        naming.classes.add(id(kind))
+        try:
+            written = name + b"\0" + _helper_class_bytes(kind)
+        finally:
+            naming.classes.discard(id(kind))
     if outermost:
         _CLASSES[kind] = (now, written)
     return written

@@ -12,11 +12,13 @@ from __future__ import annotations
 import array
 import collections
 import contextlib
+import contextvars
 import functools
 import inspect
 import os
 import sys
 import sysconfig
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import (
     FunctionType,
@@ -49,8 +51,32 @@ def _not_library(kind: type) -> list[type]:
 
 def _read_through(kind: type) -> list[type]:
     """The classes a class's own name finds what it reads on (``Helper.by``, ``Helper.run``):
-    ``kind``'s :func:`_ancestry`, its metaclass's classes too, short of the library's."""
-    return [above for above in dict.fromkeys(_ancestry(kind)) if not _left_out(above)]
+    ``kind``'s :func:`_ancestry`, its metaclass's classes too, short of the library's and
+    of those named by their name alone as a class is named (:func:`named_by_name`)."""
+    by_name = _BY_NAME.get()
+    return [
+        above
+        for above in dict.fromkeys(_ancestry(kind))
+        if not _left_out(above) and above not in by_name
+    ]
+
+
+_BY_NAME: contextvars.ContextVar[frozenset[type]] = contextvars.ContextVar(
+    "by_name", default=frozenset()
+)
+"""The installed packages' classes a class of the user's code being named derives from,
+named by their name alone (:func:`named_by_name`)."""
+
+
+@contextlib.contextmanager
+def named_by_name(classes: Iterable[type]) -> Iterator[None]:
+    """Leaves ``classes`` out of what :func:`_read_through` finds while a class deriving
+    from them is named: an installed package's classes, named by their name."""
+    token = _BY_NAME.set(_BY_NAME.get() | frozenset(classes))
+    try:
+        yield
+    finally:
+        _BY_NAME.reset(token)
 
 
 def _left_out(kind: type) -> bool:
