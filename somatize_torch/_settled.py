@@ -29,7 +29,7 @@ from torch.utils.hooks import RemovableHandle
 
 from somatize import canonical
 from somatize.node import UNSET, attributes_of, tells_state
-from somatize_torch._settings import SettingsWatch, settings_of
+from somatize_torch._settings import SettingsWatch, hooks_of, settings_of
 from somatize_torch._state import StateWatch
 from somatize_torch.digest import digest_named, raw_digest
 
@@ -290,9 +290,10 @@ class KeptWeightsWatch:
 def _values_of(node: Any) -> str:
     """The digest of the values of the weights ``node`` keeps, wherever they live, then of
     the structure of each module kept as ``repr`` shows it, of the values its parts keep
-    beside their weights and of their modes, each apart (:data:`_DIFFERING` says each): a
-    part with no weights put in place of one (``nn.ReLU`` for ``nn.Tanh``), a BatchNorm's
-    ``eps`` set, or a part put in train mode changes no weight, yet the answers."""
+    beside their weights, of their modes and of their own forward hooks, each apart
+    (:data:`_DIFFERING` says each): a part with no weights put in place of one
+    (``nn.ReLU`` for ``nn.Tanh``), a BatchNorm's ``eps`` set, a part put in train mode or
+    given a hook changes no weight, yet the answers."""
     return digest_named(dict(_named_weights(node))) + " " + _structure_of(node)
 
 
@@ -308,12 +309,17 @@ def _named_weights(node: Any) -> Iterator[tuple[str, torch.Tensor]]:
 
 def _structure_of(node: Any) -> str:
     """The digests of the structure of each module ``node`` keeps, as ``repr`` shows it, of
-    the values its parts keep beside their weights and of their modes, each apart."""
-    structure: list[list[bytes]] = [[], [], []]
+    the values its parts keep beside their weights, of their modes and of their own hooks,
+    each apart."""
+    structure: list[list[bytes]] = [[], [], [], []]
     for _, _, part in _kept_modules(node):
         structure[0].append(repr(part).encode())
         structure[1].append(canonical.encode(settings_of(part)))
         structure[2].append(canonical.encode([sub.training for sub in part.modules()]))
+        # Its parts' own hooks, not those of every module's a profiler registers.
+        hooks = hooks_of(part)
+        hooks.pop("*", None)
+        structure[3].append(canonical.encode(hooks))
     return " ".join(blake3.blake3(b"\n".join(one)).hexdigest() for one in structure)
 
 
@@ -337,6 +343,8 @@ _DIFFERING = (
     "A part is in another mode (`train()`): put it back in the mode it was settled in "
     "(`.eval()`), or name the modes in the digest "
     "(`[m.training for m in self.encoder.modules()]`).",
+    "A part runs other forward hooks (`register_forward_hook`): remove them, or name them "
+    "in the digest.",
 )
 """What each field of :func:`_values_of` is, and what makes a digest tell it, in words."""
 

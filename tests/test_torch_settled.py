@@ -613,7 +613,9 @@ def test_a_copy_made_after_a_write_through_data_under_a_gradient_is_refused(
 
 
 def _hook_registered(encoder: nn.Module) -> None:
-    encoder.register_forward_hook(lambda module, args, out: None)
+    """A hook of every module's, as a profiler registers (`FlopCounterMode`)."""
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda m, args, out: None)
+    encoder.__dict__["_test_handle"] = handle  # removed as the test ends
 
 
 def _eps_set_as_it_was(encoder: nn.Module) -> None:
@@ -641,9 +643,14 @@ def test_a_touch_beside_the_weights_leaving_the_values_is_looked_at_once(
     digested: list[None] = []
     values_of = settled._values_of
     monkeypatch.setattr(settled, "_values_of", lambda n: digested.append(None) or values_of(n))
-    for _ in range(3):
-        assert torch.equal(g.forward(span, store=store), kept)
-        assert g.record is not None and g.record.outcome["predict"] == "recalled"
+    try:
+        for _ in range(3):
+            assert torch.equal(g.forward(span, store=store), kept)
+            assert g.record is not None and g.record.outcome["predict"] == "recalled"
+    finally:
+        handle = node.encoder.__dict__.pop("_test_handle", None)
+        if handle is not None:
+            handle.remove()
     assert digested == []
 
 
@@ -670,3 +677,20 @@ def test_settling_again_says_what_holds_other_values(
     with pytest.raises(SameDigestOtherValues, match=said) as refused:
         settle(g)
     assert "weights and buffers it keeps" not in str(refused.value)
+
+
+def test_a_hook_put_on_the_settled_module_is_refused(store: Store) -> None:
+    """A forward hook registered on the settled module changes its answers, yet no weight
+    nor what its ``settled_state()`` says: the next forward recalled the answer without
+    the hook. It is refused; removed, the node goes on."""
+    node = Activated().identified("tests.test_torch_settled:Activated")
+    g = _graph(node)
+    span = {"at": 4, "take": 3}
+    g.forward(span, store=store)
+    handle = node.encoder[0].register_forward_hook(lambda module, args, out: out * 2)
+    with pytest.raises(NotSettled, match="other values"):
+        g.forward(span, store=store)
+    with pytest.raises(SameDigestOtherValues, match="hook"):
+        settle(g)
+    handle.remove()
+    assert torch.equal(g.forward(span, store=store), _truth(g, span))
