@@ -507,6 +507,15 @@ class _Run:
             ),
         )
 
+    def _took_its_own(self, node: str) -> None:
+        """What the settled node ``node`` set beside its weights as it ran here (a count, a
+        mask built at its first call) is its own state, not a change since it was settled
+        (:meth:`~somatize_torch._settled.KeptWeightsWatch.took_its_own`)."""
+        watches = self.graph._settled_watches
+        took = getattr(watches.get(node), "took_its_own", None) if watches else None
+        if took is not None:
+            took()
+
     def call(self, node: str, inputs: Sequence[Any], ctx: Context) -> Any:
         implementation = self.graph.node(node)
         worker = self.graph.placement.worker_of(node)
@@ -528,8 +537,10 @@ class _Run:
             else:
                 with own:
                     value = implementation.forward(*inputs, ctx)
-            if (worker is None or self.broker is None) and implementation.changed_as_it_ran():
-                self.moved.add(node)  # a recall would not make the change: not kept
+            if worker is None or self.broker is None:
+                if implementation.changed_as_it_ran():
+                    self.moved.add(node)  # a recall would not make the change: not kept
+                self._took_its_own(node)
         except SomatizeError as error:
             self.emit({"fact": "failed", "node": node, "error": failed_as(error)})
             raise

@@ -224,6 +224,24 @@ class KeptWeightsWatch:
                 )
         return None
 
+    def took_its_own(self) -> None:
+        """Takes what the node's own forward set beside the weights as it ran (a count it
+        keeps, a mask it builds at its first call) as what it holds from here: its state,
+        not a change made since it was settled. Set from outside between forwards, it is
+        seen at the next forward's start, before anything runs; a weight the forward
+        changed in place is seen as ever."""
+        if self._beside_weights() is None:
+            return
+        self._settings = [
+            (name, SettingsWatch(part))
+            for name, _, _, parts in self._kept
+            for part, _ in parts
+            if isinstance(part, nn.Module)
+        ]
+        self._training = tuple(map(_TRAINING, self._parts))
+        self._structure = _structure_of(self._node)
+        self._values = self._values.partition(" ")[0] + " " + self._structure
+
     def _replaced(self) -> str | None:
         """Which attribute was given another object, or an item of the list it is, in words."""
         held = attributes_of(self._node)

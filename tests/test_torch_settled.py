@@ -694,3 +694,53 @@ def test_a_hook_put_on_the_settled_module_is_refused(store: Store) -> None:
         settle(g)
     handle.remove()
     assert torch.equal(g.forward(span, store=store), _truth(g, span))
+
+
+class Counting(nn.Module):
+    """A Linear that counts its calls and builds a mask at its first, as model code does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(4, 2)
+        self.calls = 0
+        self.mask: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.mask is None:
+            self.mask = torch.ones(2)
+        return self.linear(x) * self.mask
+
+
+class PredictCounting(Predict):
+    """The docs' recipe over a module whose forward sets values of its own as it runs."""
+
+    def __init__(self) -> None:
+        self.encoder = Counting().eval()
+
+    def settled_state(self) -> str:
+        return smt.digest_state(self.encoder)
+
+
+def test_what_a_settled_modules_own_forward_sets_is_its_state(store: Store) -> None:
+    """A module that counts its calls, or builds a mask at its first, sets values beside its
+    weights as the node runs: that is its state, not a change since it was settled. Each
+    forward after the first was refused, and settling again too. The same value set from
+    outside between forwards is refused."""
+    node = PredictCounting().identified("tests.test_torch_settled:PredictCounting")
+    g = _graph(node)
+    spans = [{"at": at, "take": 3} for at in (1, 2, 1, 2)]
+    outcomes = []
+    for span in spans:
+        # computed by a copy: a call by hand would set the module's values from outside
+        truth = copy.deepcopy(node).forward(Span().forward(span, None), None)
+        assert torch.equal(g.forward(span, store=store), truth)
+        assert g.record is not None
+        outcomes.append(g.record.outcome["predict"])
+    assert outcomes == ["ran", "ran", "recalled", "recalled"]
+    settle(g)
+    g.forward(spans[0], store=store)
+    assert g.record is not None and g.record.outcome["predict"] == "recalled"
+    node.encoder.mask = torch.full((2,), 2.0)
+    with pytest.raises(NotSettled, match=r"settle\(g\)"):
+        g.forward(spans[0], store=store)
