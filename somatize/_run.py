@@ -507,10 +507,17 @@ class _Run:
             ),
         )
 
-    def _took_its_own(self, node: str) -> None:
-        """What the settled node ``node`` set beside its weights as it ran here (a count, a
-        mask built at its first call) is its own state, not a change since it was settled
-        (:meth:`~somatize_torch._settled.KeptWeightsWatch.took_its_own`)."""
+    def took_its_own(self, node: str) -> None:
+        """What the settled node ``node`` set beside its weights as it ran (a count, a mask
+        built at its first call) is its own state, not a change since it was settled
+        (:meth:`~somatize_torch._settled.KeptWeightsWatch.took_its_own`), where it ran on
+        the very object the graph holds: with no broker, or on a broker's local worker,
+        which is handed it. A copy run on a network worker leaves the graph's as it was."""
+        worker = self.graph.placement.worker_of(node)
+        if worker is not None and self.broker is not None:
+            placed = getattr(self.broker, "workers", {}).get(worker)
+            if getattr(placed, "crosses", True):
+                return
         watches = self.graph._settled_watches
         took = getattr(watches.get(node), "took_its_own", None) if watches else None
         if took is not None:
@@ -537,10 +544,9 @@ class _Run:
             else:
                 with own:
                     value = implementation.forward(*inputs, ctx)
-            if worker is None or self.broker is None:
-                if implementation.changed_as_it_ran():
-                    self.moved.add(node)  # a recall would not make the change: not kept
-                self._took_its_own(node)
+            if (worker is None or self.broker is None) and implementation.changed_as_it_ran():
+                self.moved.add(node)  # a recall would not make the change: not kept
+            self.took_its_own(node)
         except SomatizeError as error:
             self.emit({"fact": "failed", "node": node, "error": failed_as(error)})
             raise

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import somatize.torch as smt
-from somatize import Graph, Node, NotSettled, Store
+from somatize import Broker, Graph, Node, NotSettled, Store, Worker
 from somatize.data import SameDigestOtherValues, settle
 
 
@@ -744,3 +744,25 @@ def test_what_a_settled_modules_own_forward_sets_is_its_state(store: Store) -> N
     node.encoder.mask = torch.full((2,), 2.0)
     with pytest.raises(NotSettled, match=r"settle\(g\)"):
         g.forward(spans[0], store=store)
+
+
+def test_what_a_settled_modules_own_forward_sets_on_a_local_worker_is_its_state(
+    store: Store,
+) -> None:
+    """A local worker runs the very node, whose module counts its calls there: that is its
+    state as with no broker, and each forward after the first goes on."""
+    node = PredictCounting().identified("tests.test_torch_settled:PredictCounting")
+    g = Graph.somatize(
+        Span().named("span").frozen() >> node.named("predict").frozen().cached().at("w1")
+    )
+    settle(g)
+    outcomes = []
+    with Broker.embedded({"w1": Worker.generic(mode="local")}) as local:
+        for at in (1, 2, 1):
+            span = {"at": at, "take": 3}
+            truth = copy.deepcopy(node).forward(Span().forward(span, None), None)
+            assert torch.equal(g.forward(span, store=store, broker=local), truth)
+            assert g.record is not None
+            outcomes.append(g.record.outcome["predict"])
+    assert outcomes == ["ran", "ran", "recalled"]
+    assert node.encoder.calls == 2
