@@ -546,7 +546,6 @@ class _Run:
                     value = implementation.forward(*inputs, ctx)
             if (worker is None or self.broker is None) and implementation.changed_as_it_ran():
                 self.moved.add(node)  # a recall would not make the change: not kept
-            self.took_its_own(node)
         except SomatizeError as error:
             self.emit({"fact": "failed", "node": node, "error": failed_as(error)})
             raise
@@ -556,6 +555,8 @@ class _Run:
         except BaseException as error:  # KeyboardInterrupt, SystemExit: said, and let go
             self.emit({"fact": "failed", "node": node, "error": type(error).__name__})
             raise
+        finally:  # what it set before it raised is its state as much
+            self.took_its_own(node)
         took = (time.perf_counter_ns() - start) // 1000
         if _own_coroutine(implementation, value):
             value.close()  # never to be awaited: closed, so Python does not warn it was not

@@ -226,6 +226,7 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
             failures: list[BaseException] = []
             for future in finished:
                 node = busy.pop(future)
+                state.took_its_own(node)  # ended, failed or not
                 try:
                     outcome = future.result()
                 except SomatizeError as error:
@@ -243,7 +244,6 @@ def _flow(state: _Run, plan: Plan, x: Any, value_of: Any, store: Store | None) -
                     failures.append(error)
                     continue
                 state.emit_crossed(node, outcome.facts)
-                state.took_its_own(node)
                 if node in state.beside:
                     state.answered_beside(plan, node)
                 _ran(state, plan, node, outcome.value, outcome.took_us, outcome.kept, outcome.moved)

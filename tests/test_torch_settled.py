@@ -766,3 +766,33 @@ def test_what_a_settled_modules_own_forward_sets_on_a_local_worker_is_its_state(
             outcomes.append(g.record.outcome["predict"])
     assert outcomes == ["ran", "ran", "recalled"]
     assert node.encoder.calls == 2
+
+
+class CountingSmall(Counting):
+    """Counts its calls, then refuses a batch of more than four rows, as model code does."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        answer = super().forward(x)
+        if x.shape[0] > 4:
+            raise ValueError("at most four rows")
+        return answer
+
+
+class PredictCountingSmall(PredictCounting):
+    def __init__(self) -> None:
+        self.encoder = CountingSmall().eval()
+
+
+def test_what_a_settled_modules_own_forward_sets_before_it_raises_is_its_state(
+    store: Store,
+) -> None:
+    """A forward that counts its call, then raises on its input, set its state as it ran:
+    the next forward, given input it takes, goes on."""
+    node = PredictCountingSmall().identified("tests.test_torch_settled:PredictCountingSmall")
+    g = _graph(node)
+    with pytest.raises(Exception, match="at most four rows"):
+        g.forward({"at": 1, "take": 9}, store=store)
+    span = {"at": 1, "take": 3}
+    truth = copy.deepcopy(node).forward(Span().forward(span, None), None)
+    assert torch.equal(g.forward(span, store=store), truth)
+    assert node.encoder.calls == 2
