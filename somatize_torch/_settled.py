@@ -293,16 +293,24 @@ class KeptWeightsWatch:
         """What holds other values when ``later`` was taken than when this watch was, and
         what makes a ``settled_state()`` tell it, in words."""
         was, now = self._values.split(" "), later._values.split(" ")
-        if len(was) != len(now):  # a watch pickled before it kept each apart
-            return _DIFFERING[0]
+        if len(was) != len(now):  # pickled by a release that kept fewer apart, once changed
+            return (
+                "It was settled by an older release of somatize, whose record of its values "
+                "this one cannot compare: build the graph again and settle it."
+            )
         return " ".join(words for words, a, b in zip(_DIFFERING, was, now, strict=True) if a != b)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"node": self._node, "changed": self(), "values": self._values}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # A watch pickled before it kept the values: the copy's, equal when copied.
-        self.__init__(state["node"], state["changed"], state.get("values"))  # type: ignore[misc]
+        # A watch pickled before it kept the values: the copy's, equal when copied. So where
+        # it kept fewer of them apart and had seen nothing change since the settle: the
+        # values were then those settled, and its own could never be compared with any.
+        values, changed = state.get("values"), state["changed"]
+        if values is not None and changed is None and values.count(" ") != len(_DIFFERING) - 1:
+            values = None
+        self.__init__(state["node"], changed, values)  # type: ignore[misc]
 
 
 def _values_of(node: Any) -> str:

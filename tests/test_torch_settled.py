@@ -796,3 +796,40 @@ def test_what_a_settled_modules_own_forward_sets_before_it_raises_is_its_state(
     truth = copy.deepcopy(node).forward(Span().forward(span, None), None)
     assert torch.equal(g.forward(span, store=store), truth)
     assert node.encoder.calls == 2
+
+
+def test_a_watch_pickled_with_fewer_values_apart_is_read_and_settles_again(store: Store) -> None:
+    """A graph pickled by a somatize that kept fewer of a settled node's values apart (no
+    hooks), nothing changed since it was settled: read back, it settles again at the same
+    digest, and a touch that leaves its weights as they are (moved and back) goes on."""
+    g = _graph(Predict())
+    span = {"at": 3, "take": 5}
+    first = g.forward(span, store=store)
+    older = pickle.loads(pickle.dumps(g))
+    watch = older._settled_watches["predict"]
+    state = watch.__getstate__()  # type: ignore[attr-defined]
+    state["values"] = state["values"].rsplit(" ", 1)[0]  # as a release before hooks wrote it
+    watch.__setstate__(state)  # type: ignore[attr-defined]
+    older_node: Predict = older.node("predict")  # type: ignore[assignment]
+    _there_and_back(older_node)
+    assert torch.equal(older.forward(span, store=store), first)
+    settle(older)
+    assert torch.equal(older.forward(span, store=store), first)
+
+
+def test_a_watch_pickled_with_fewer_values_apart_once_touched_says_to_build_again(
+    store: Store,
+) -> None:
+    """Touched before it was pickled by a somatize that kept fewer of its values apart, a
+    settled node's values cannot be compared with that release's record: settling it again
+    says so, not that its weights differ."""
+    g = _graph(Predict())
+    older = pickle.loads(pickle.dumps(g))
+    _there_and_back(older.node("predict"))  # type: ignore[arg-type]
+    watch = older._settled_watches["predict"]
+    state = watch.__getstate__()  # type: ignore[attr-defined]
+    assert state["changed"] is not None
+    state["values"] = state["values"].rsplit(" ", 1)[0]  # as a release before hooks wrote it
+    watch.__setstate__(state)  # type: ignore[attr-defined]
+    with pytest.raises(SameDigestOtherValues, match=r"older release.*build the graph again"):
+        settle(older)
