@@ -519,9 +519,14 @@ class _Run:
             if getattr(placed, "crosses", True):
                 return
         watches = self.graph._settled_watches
-        took = getattr(watches.get(node), "took_its_own", None) if watches else None
-        if took is not None:
-            took()
+        own = watches.get(node) if watches else None
+        if getattr(own, "took_its_own", None) is None:
+            return
+        # Each settled node keeping a module it keeps too sees what its forward set there.
+        for watch in watches.values():
+            shares = getattr(watch, "shares_parts_with", None)
+            if watch is own or (shares is not None and shares(own)):
+                watch.took_its_own()  # type: ignore[attr-defined]
 
     def call(self, node: str, inputs: Sequence[Any], ctx: Context) -> Any:
         implementation = self.graph.node(node)

@@ -106,6 +106,7 @@ class KeptWeightsWatch:
         "_kept",
         "_node",
         "_parameters",
+        "_part_ids",
         "_parts",
         "_raw",
         "_settings",
@@ -148,6 +149,7 @@ class KeptWeightsWatch:
         # batch, though no weight changed.
         self._parts = [part for _, _, part in _kept_modules(node) for part in part.modules()]
         self._training = tuple(map(_TRAINING, self._parts))
+        self._part_ids = frozenset(map(id, self._parts))
         # Held in place, as each forward after a gradient checks first, they are these.
         self._parameters = list(_kept_parameters(node))
         self._graded = _holds_gradients(self._parameters)
@@ -241,6 +243,12 @@ class KeptWeightsWatch:
         self._training = tuple(map(_TRAINING, self._parts))
         self._structure = _structure_of(self._node)
         self._values = self._values.partition(" ")[0] + " " + self._structure
+
+    def shares_parts_with(self, other: Any) -> bool:
+        """Whether ``other``, another node's watch, watches a module this one watches."""
+        return isinstance(other, KeptWeightsWatch) and not self._part_ids.isdisjoint(
+            other._part_ids
+        )
 
     def _replaced(self) -> str | None:
         """Which attribute was given another object, or an item of the list it is, in words."""

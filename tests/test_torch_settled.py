@@ -833,3 +833,45 @@ def test_a_watch_pickled_with_fewer_values_apart_once_touched_says_to_build_agai
     watch.__setstate__(state)  # type: ignore[attr-defined]
     with pytest.raises(SameDigestOtherValues, match=r"older release.*build the graph again"):
         settle(older)
+
+
+SHARED = Counting().eval()
+"""One module two settled nodes keep, as a shared encoder is."""
+
+
+class PredictShared(PredictCounting):
+    def __init__(self) -> None:
+        self.encoder = SHARED
+
+
+class PredictSharedToo(PredictShared):
+    """Another node keeping the same module."""
+
+
+class Summed(Node):
+    def forward(self, x: torch.Tensor, y: torch.Tensor, ctx: Any) -> torch.Tensor:
+        return x + y
+
+
+def test_what_a_shared_modules_own_forward_sets_is_the_state_of_each_node_keeping_it(
+    store: Store,
+) -> None:
+    """Two settled nodes keep one module that counts its calls: what either's forward sets is
+    the state of both, and each forward after the first goes on."""
+    one = PredictShared().identified("tests.test_torch_settled:PredictShared")
+    two = PredictSharedToo().identified("tests.test_torch_settled:PredictSharedToo")
+    g = Graph.somatize(
+        Span().named("span").frozen()
+        >> (one.named("one").frozen().cached(), two.named("two").frozen().cached())
+        >> Summed().named("summed")
+    )
+    settle(g)
+    outcomes = []
+    for at in (1, 2, 1):
+        span = {"at": at, "take": 3}
+        x = Span().forward(span, None)
+        truth = copy.deepcopy(one).forward(x, None) * 2
+        assert torch.equal(g.forward(span, store=store), truth)
+        assert g.record is not None
+        outcomes.append((g.record.outcome["one"], g.record.outcome["two"]))
+    assert outcomes == [("ran", "ran"), ("ran", "ran"), ("recalled", "recalled")]
