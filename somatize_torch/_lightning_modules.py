@@ -657,7 +657,37 @@ class Found:
         for parent, attribute in self.places + now:
             if parent._modules.get(attribute) is cached:
                 setattr(parent, attribute, self.as_found.module)
+        _move_hooks(cached, self.as_found.module)
         cached.hand_back()
+
+
+def _move_hooks(cached: CachedRows, module: nn.Module) -> None:
+    """Moves the forward hooks and pre-hooks registered on ``cached`` while it stood in
+    the model (``self.encoder.register_forward_hook(...)`` in a hook of the fit) onto
+    ``module``: without the cache they would have been registered there, and the model
+    handed back runs them. They ran around the module's own, so its pre-hooks go first
+    and its hooks last, in the order registered."""
+    for table, first in _MOVED_HOOKS:
+        theirs = getattr(cached, table)
+        if not theirs:
+            continue
+        own = getattr(module, table)
+        for hook_id in reversed(theirs) if first else theirs:
+            own[hook_id] = theirs[hook_id]
+            own.move_to_end(hook_id, last=not first)
+        theirs.clear()
+
+
+# A module's forward hook tables, each with whether the hooks in it run before the
+# module's forward (pre-hooks) or after; the keyword and always-called tables only mark
+# hooks whose ids are in the first two.
+_MOVED_HOOKS = (
+    ("_forward_pre_hooks", True),
+    ("_forward_pre_hooks_with_kwargs", True),
+    ("_forward_hooks", False),
+    ("_forward_hooks_with_kwargs", False),
+    ("_forward_hooks_always_called", False),
+)
 
 
 def let_go(cached: CachedRows, aheads: weakref.WeakSet[Ahead[Any]]) -> None:

@@ -3912,3 +3912,41 @@ def test_a_checkpoint_saved_inside_a_call_into_the_store_is_saved(tmp_path: Path
     trainer(tmp_path, 1, callbacks=[again]).fit(Probe(), loader(shuffle=False))
     assert again.history[0].rows.computed == 0
     assert again.history[0].rows.recalled == cache.history[0].rows.computed
+
+
+def _doubled(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return output * 2
+
+
+def _shifted(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
+    return output + 1
+
+
+class HooksItsEncoder(Probe):
+    """Adds a forward hook to its encoder at the second epoch's start, as a feature
+    monitor or a scaling hook of a user's own would."""
+
+    def on_train_epoch_start(self) -> None:
+        if self.current_epoch == 1:
+            self.encoder.register_forward_hook(_doubled)
+
+
+def test_a_hook_added_to_the_encoder_during_a_fit_stays_on_the_plain_model(
+    tmp_path: Path,
+) -> None:
+    """A forward hook the LightningModule adds to its encoder during a fit is on the
+    encoder handed back, ahead of one added after: the model answers, and a second fit
+    trains the head, as without the callback."""
+    images = data()[0][:8]
+
+    def fitted(cache: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        model = HooksItsEncoder()
+        callbacks = [CacheFrozen(tmp_path / f"store-{cache}", ["encoder"])] if cache else []
+        trainer(tmp_path, 2, callbacks=callbacks).fit(model, loader())
+        alone = model.encoder(images)
+        model.encoder.register_forward_hook(_shifted)
+        trainer(tmp_path, 2, callbacks=callbacks).fit(model, loader())
+        return alone, model.encoder(images), model.head.weight.detach().clone()
+
+    for plain, cached in zip(fitted(cache=False), fitted(cache=True), strict=True):
+        assert torch.equal(cached, plain)
