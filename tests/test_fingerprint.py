@@ -8681,3 +8681,70 @@ def test_a_class_of_ones_own_deriving_from_an_installed_one_edited_is_other_code
     edited = _CLOSES_OVER_AN_INSTALLED_CLASS.replace("k = 3", "k = 5")
     _write(project / "shared_nodes.py", edited)
     assert _fingerprints_in(project, "shared_nodes", "MadeWithBigger", also=(shared,)) != first
+
+
+_IMPORTS_INSIDE = """
+from somatize import Node
+
+class FromModule(Node):
+    def forward(self, x, ctx):
+        from .config import FACTOR
+
+        return x * FACTOR
+
+class ModuleItself(Node):
+    def forward(self, x, ctx):
+        from . import config
+
+        return x + config.OFFSET[0]
+
+class ByHelper(Node):
+    def forward(self, x, ctx):
+        return scaled(x)
+
+def scaled(x):
+    from .config import SCALE
+
+    return x * SCALE["by"]
+"""
+
+
+def test_what_a_node_imports_as_it_runs_is_in_its_fingerprint(tmp_path: Path) -> None:
+    """A constant or a table a node, or a helper it calls, imports inside its code from
+    another module of its package (``from .config import FACTOR`` in ``forward``, to put off
+    a heavy import or break a cycle) is in the node's fingerprint as that module's text
+    writes it: another once that text gives it another value."""
+    config = 'FACTOR = 2\nSCALE = {"by": 2}\nOFFSET = [1]\n'
+    package = _package(tmp_path, "lazily", config=config, nodes=_IMPORTS_INSIDE)
+
+    def fingerprints() -> list[str]:
+        kinds = ("FromModule", "ModuleItself", "ByHelper")
+        return _fingerprints_in(tmp_path, "lazily.nodes", *kinds)
+
+    was = fingerprints()
+    assert fingerprints() == was
+    edits = [("FACTOR = 2", "FACTOR = 3"), ("[1]", "[5]"), ('"by": 2', '"by": 3')]
+    for at, (old, new) in enumerate(edits):
+        _write(package / "config.py", config.replace(old, new))
+        now = fingerprints()
+        assert [a == b for a, b in zip(now, was, strict=True)] == [i != at for i in range(3)]
+
+
+def test_a_value_a_node_imports_as_it_runs_set_since_is_seen_at_the_next_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A constant a node imports inside its code from another module of its package, set
+    there since (``config.FACTOR = 3``), is seen at the next forward of a graph built
+    before: the answer kept for the old value is recalled as drifted, never as current."""
+    _package(tmp_path, "lazier", config="FACTOR = 2\n", nodes=_IMPORTS_INSIDE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    nodes = importlib.import_module("lazier.nodes")
+    config = importlib.import_module("lazier.config")
+    graph = Graph.somatize(nodes.FromModule().named("scaled").frozen().cached())
+    store = str(tmp_path / "store")
+    assert graph.forward(3, store=store) == 6
+    monkeypatch.setattr(config, "FACTOR", 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SomatizeWarning)
+        assert graph.forward(3, store=store, strict=True) == 9
+    assert graph.record.outcome == {"scaled": "ran"}

@@ -603,3 +603,43 @@ def _attributes_read(code: CodeType) -> set[str]:
     """The names ``code``, and its nested code, reads as attributes (``tools.double``:
     ``double``)."""
     return _named_by(code, ("LOAD_ATTR", "LOAD_METHOD"))
+
+
+def imports_in(code: CodeType) -> tuple[frozenset[tuple[str, int]], frozenset[str]]:
+    """What ``code``, and its nested code, imports as it runs (``from .config import
+    FACTOR`` inside a function, to put off a heavy import or break a cycle): each module
+    named, with how many levels up its package it is found (0: by its whole name), and the
+    names taken from one (``FACTOR``). Worked out once per code object
+    (:data:`_IMPORTS`)."""
+    found = _IMPORTS.get(code)
+    if found is None:
+        found = _IMPORTS[code] = (
+            frozenset(_modules_imported(code)),
+            frozenset(_named_by(code, ("IMPORT_FROM",))),
+        )
+    return found
+
+
+def _modules_imported(code: CodeType) -> set[tuple[str, int]]:
+    """The modules ``code``, and its nested code, imports, each with its level."""
+    steps = list(dis.get_instructions(code))
+    found = set()
+    for at, step in enumerate(steps):
+        if step.opname == "IMPORT_NAME" and at >= 2 and steps[at - 2].opname in _CONSTANT_LOADS:
+            level = steps[at - 2].argval
+            found.add((step.argval, level if isinstance(level, int) else 0))
+    for constant in code.co_consts:
+        if isinstance(constant, CodeType):
+            found |= _modules_imported(constant)
+    return found
+
+
+_CONSTANT_LOADS = ("LOAD_CONST", "LOAD_SMALL_INT")
+"""The steps that load an import's level: a small number is loaded by its own from Python
+3.14."""
+
+
+_IMPORTS: weakref.WeakKeyDictionary[CodeType, tuple[frozenset[tuple[str, int]], frozenset[str]]] = (
+    weakref.WeakKeyDictionary()
+)
+"""A code object → what it imports as it runs (:func:`imports_in`)."""

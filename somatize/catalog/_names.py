@@ -13,6 +13,8 @@ import ast
 import contextlib
 import dataclasses
 import enum
+import importlib
+import importlib.util
 import sys
 import weakref
 from types import (
@@ -32,6 +34,7 @@ from somatize.catalog._bytecode import (
     _stored_in,
     _tables_changed_by,
     globals_read,
+    imports_in,
 )
 from somatize.catalog._code import (
     _as_imported,
@@ -231,6 +234,14 @@ def _named(functions: list[FunctionType]) -> tuple[list[tuple[bytes, bytes]], Lo
             filled.update((module, name) for name in changed)
         reads = [(module, space, reader, name) for name in sorted(names)]
         modules: set[int] = set()  # each module of its package it reads names in, once
+        for imported in _imported_as_it_runs(function):
+            # `from .config import FACTOR` inside the function: what it takes imported is read,
+            # as a name of its module is
+            within = _reader_in(imported)
+            if within is not None and id(vars(imported)) not in modules:
+                modules.add(id(vars(imported)))
+                taken = (imports_in(code)[1] | _attributes_read(code)) & vars(imported).keys()
+                reads += ((imported.__name__, vars(imported), within, n) for n in sorted(taken))
         for closed in _held_functions(function):
             # what a decorator wraps (`functools.wraps`), a function taken by default: what
             # it names is followed too
@@ -665,6 +676,50 @@ class _ClassSeen(NamedTuple):
     """A weak reference to it."""
     code: bytes
     """How it was written (:func:`_class_code`): one given another method since is not it."""
+
+
+def _imported_as_it_runs(function: FunctionType) -> list[ModuleType]:
+    """The modules of the user's code (:func:`_of_the_code`) that ``function`` imports as it
+    runs: each module an import inside it names, each it takes from a package
+    (``from . import config``), and each package above them (``import proj.config`` binds
+    ``proj``)."""
+    module = function.__module__
+    named, taken = imports_in(function.__code__)
+    if not named or not isinstance(module, str):  # none, or made with no module (`exec`)
+        return []
+    package = function.__globals__.get("__package__") or module.rpartition(".")[0]
+    wholes = set()
+    for name, level in named:
+        try:
+            whole = importlib.util.resolve_name("." * level + name, package) if level else name
+        except (ImportError, ValueError):
+            continue
+        wholes.add(whole)
+        wholes.update(f"{whole}.{name}" for name in taken)
+    found = []
+    for whole in sorted(wholes):
+        parts = whole.split(".")
+        for upto in range(1, len(parts) + 1):
+            there = _loaded(".".join(parts[:upto]), module)
+            if there is not None and there not in found:
+                found.append(there)
+    return found
+
+
+def _loaded(name: str, module: str) -> ModuleType | None:
+    """Module ``name`` where it is the user's code that ``module`` reads, loaded: one of
+    the same package not yet imported is imported now, as the code would at its first run,
+    so the first forward of a new process names what it reads as every later one does."""
+    there = sys.modules.get(name)
+    if there is None and _same_package(name, module):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                there = importlib.import_module(name)
+        except Exception:  # one that cannot load now loads at no run either
+            return None
+    if isinstance(there, ModuleType) and _of_the_code(there.__name__, module):
+        return there
+    return None
 
 
 def _reader_in(module: ModuleType) -> weakref.ref[Any] | None:
