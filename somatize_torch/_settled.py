@@ -137,18 +137,8 @@ class KeptWeightsWatch:
             (name, value, _items(value) if isinstance(value, (list, tuple, dict)) else None, parts)
             for name, (value, parts) in kept.items()
         ]
-        # The values its parts keep beside their weights (a BatchNorm's `eps`), which the
-        # weights' watches do not see and a `settled_state()` of weights does not hear.
-        self._settings = [
-            (name, SettingsWatch(part))
-            for name, (_, parts) in kept.items()
-            for part, _ in parts
-            if isinstance(part, nn.Module)
-        ]
-        # Each part's mode: put in train mode, a dropout draws and a BatchNorm reads the
-        # batch, though no weight changed.
         self._parts = [part for _, _, part in _kept_modules(node) for part in part.modules()]
-        self._training = tuple(map(_TRAINING, self._parts))
+        self._watch_beside_weights()
         self._part_ids = frozenset(map(id, self._parts))
         # Held in place, as each forward after a gradient checks first, they are these.
         self._parameters = list(_kept_parameters(node))
@@ -226,6 +216,19 @@ class KeptWeightsWatch:
                 )
         return None
 
+    def _watch_beside_weights(self) -> None:
+        """Watches from here what the kept modules' parts hold beside their weights: the
+        values they keep (a BatchNorm's `eps`), which the weights' watches do not see and a
+        `settled_state()` of weights does not hear, and each part's mode (put in train
+        mode, a dropout draws and a BatchNorm reads the batch, though no weight changed)."""
+        self._settings = [
+            (name, SettingsWatch(part))
+            for name, _, _, parts in self._kept
+            for part, _ in parts
+            if isinstance(part, nn.Module)
+        ]
+        self._training = tuple(map(_TRAINING, self._parts))
+
     def took_its_own(self) -> None:
         """Takes what the node's own forward set beside the weights as it ran (a count it
         keeps, a mask it builds at its first call) as what it holds from here: its state,
@@ -234,13 +237,7 @@ class KeptWeightsWatch:
         changed in place is seen as ever."""
         if self._beside_weights() is None:
             return
-        self._settings = [
-            (name, SettingsWatch(part))
-            for name, _, _, parts in self._kept
-            for part, _ in parts
-            if isinstance(part, nn.Module)
-        ]
-        self._training = tuple(map(_TRAINING, self._parts))
+        self._watch_beside_weights()
         self._structure = _structure_of(self._node)
         self._values = self._values.partition(" ")[0] + " " + self._structure
 
